@@ -1,0 +1,357 @@
+"""Rotary position encodings: 1-D and N-D, both pair layouts, every axis allocation.
+
+Pure, jit/vmap/grad-able functions. The phase `position * frequency` is always
+computed in float32, whatever the input dtype, and the output is cast back to the
+input dtype (a bfloat16 phase at position 1e5 is off by hundreds of radians).
+
+Shape legend:
+  B batch, T positions, N heads, H head dim (even), P = H/2 rotation pairs,
+  A position axes (1 text, 2 image (h, w), 3 video (t, h, w)).
+
+Vocabulary (the same names as the config fields `config.model.rope.*`):
+  base        the frequency base, 10000 by default.
+  ladder      "standard": theta_i = base ** (-2 i / H) over all P pairs;
+              "per_axis": each axis gets its own geometric ladder over its own pairs.
+  layout      how the H numbers form pairs: "half" pairs (i, i + P) (GPT-NeoX / LLaMA
+              rotate_half); "interleaved" pairs (2i, 2i + 1) (RoFormer / GPT-J).
+  allocation  which axis drives pair i: "interleaved" a(i) = i mod A; "sections"
+              contiguous blocks of sizes `sections` (Qwen2-VL's mrope_section).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+LADDERS = ("standard", "per_axis")
+LAYOUTS = ("half", "interleaved")
+ALLOCATIONS = ("interleaved", "sections")
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _check_choice(field: str, value: str, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{field}={value!r} is not one of {', '.join(map(repr, allowed))}")
+
+
+def _check_head_dim(head_dim: int) -> None:
+    if not isinstance(head_dim, (int, np.integer)) or head_dim <= 0 or head_dim % 2:
+        raise ValueError(
+            f"head_dim={head_dim!r} must be a positive even integer (pairs of numbers)"
+        )
+
+
+def _check_sections(sections, num_axes: int, head_dim: int) -> tuple[int, ...]:
+    if sections is None:
+        raise ValueError("allocation='sections' needs sections=(s_0, ..., s_{A-1}) summing to H/2")
+    sections = tuple(int(s) for s in sections)
+    if len(sections) != num_axes:
+        raise ValueError(
+            f"sections={sections} has {len(sections)} entries but positions have {num_axes} axes"
+        )
+    if any(s < 0 for s in sections) or sum(sections) != head_dim // 2:
+        raise ValueError(
+            f"sections={sections} must be non-negative and sum to head_dim/2={head_dim // 2}"
+        )
+    return sections
+
+
+# --------------------------------------------------------------- frequencies (host)
+
+
+def axis_of_pair(
+    head_dim: int,
+    *,
+    num_axes: int = 1,
+    allocation: str = "interleaved",
+    sections: Sequence[int] | None = None,
+) -> np.ndarray:
+    """Which position axis drives each rotation pair.
+
+    Returns:
+      int32 [P]: a(i) in [0, A).
+    """
+    _check_head_dim(head_dim)
+    _check_choice("allocation", allocation, ALLOCATIONS)
+    if num_axes < 1:
+        raise ValueError(f"num_axes={num_axes} must be >= 1")
+    pairs = head_dim // 2
+    if allocation == "interleaved":
+        return (np.arange(pairs) % num_axes).astype(np.int32)
+    sections = _check_sections(sections, num_axes, head_dim)
+    return np.repeat(np.arange(num_axes), sections).astype(np.int32)
+
+
+def frequencies(
+    head_dim: int,
+    *,
+    base: float = 10000.0,
+    ladder: str = "standard",
+    num_axes: int = 1,
+    allocation: str = "interleaved",
+    sections: Sequence[int] | None = None,
+) -> np.ndarray:
+    """Rotation frequency of every pair.
+
+    "standard": theta_i = base ** (-2 i / H) for i in [0, P), regardless of axes.
+    "per_axis": the k-th pair driven by axis a (of n_a pairs) gets base ** (-k / n_a),
+    i.e. every axis has the full geometric ladder over its own pairs (for 2-D with
+    interleaved allocation this is the articles' theta_{2j} = theta_{2j+1} = base**(-4j/H)).
+
+    Returns:
+      float32 [P].
+    """
+    _check_head_dim(head_dim)
+    _check_choice("ladder", ladder, LADDERS)
+    if not base > 1.0:
+        raise ValueError(f"base={base!r} must be > 1")
+    pairs = head_dim // 2
+    if ladder == "standard":
+        exponent = np.arange(pairs, dtype=np.float64) / pairs
+    else:
+        axes = axis_of_pair(head_dim, num_axes=num_axes, allocation=allocation, sections=sections)
+        exponent = np.zeros(pairs, dtype=np.float64)
+        for a in range(num_axes):
+            idx = np.flatnonzero(axes == a)
+            exponent[idx] = np.arange(idx.size) / max(idx.size, 1)
+    return (float(base) ** -exponent).astype(np.float32)
+
+
+# ---------------------------------------------------------------- angles (traced)
+
+
+def _num_axes(x_ndim: int, positions) -> int:
+    """A from the rank of positions: [..., T] -> 1, [..., T, A] -> A."""
+    if positions.ndim == x_ndim - 2:
+        return 1
+    if positions.ndim == x_ndim - 1:
+        return int(positions.shape[-1])
+    raise ValueError(
+        f"positions have shape {tuple(positions.shape)} but x has rank {x_ndim} [..., T, N, H]: "
+        "expected positions [..., T] (1-D) or [..., T, A] (N-D)"
+    )
+
+
+def angles(
+    positions,
+    *,
+    head_dim: int,
+    base: float = 10000.0,
+    ladder: str = "standard",
+    allocation: str = "interleaved",
+    sections: Sequence[int] | None = None,
+) -> jax.Array:
+    """Phase of every pair: angle_i = p[a(i)] * theta_i, in float32.
+
+    Args:
+      positions: [..., A] float or int (A >= 1; use positions[..., None] for 1-D).
+
+    Returns:
+      float32 [..., P].
+    """
+    num_axes = int(positions.shape[-1])
+    freqs = frequencies(
+        head_dim,
+        base=base,
+        ladder=ladder,
+        num_axes=num_axes,
+        allocation=allocation,
+        sections=sections,
+    )
+    axes = axis_of_pair(head_dim, num_axes=num_axes, allocation=allocation, sections=sections)
+    positions = jnp.asarray(positions).astype(jnp.float32)
+    if num_axes == 1:
+        per_pair = positions  # [..., 1] broadcasts over P
+    else:
+        per_pair = jnp.take(positions, axes, axis=-1)  # [..., P]
+    return per_pair * freqs
+
+
+def rotate(
+    x,
+    positions,
+    *,
+    base: float = 10000.0,
+    ladder: str = "standard",
+    layout: str = "half",
+    allocation: str = "interleaved",
+    sections: Sequence[int] | None = None,
+    inverse: bool = False,
+) -> jax.Array:
+    """Rotates x by R_p (or R_p^T with inverse=True) at each token's position p.
+
+    Pair (u, v) at angle phi becomes (u cos phi - v sin phi, u sin phi + v cos phi).
+
+    Args:
+      x: [B, T, N, H] (any leading dims: [..., T, N, H]).
+      positions: [B, T] (1-D) or [B, T, A] (N-D), int or float, may be traced.
+      base, ladder, layout, allocation, sections: see the module docstring.
+      inverse: apply the inverse rotation R^T (angle -phi), e.g. on attention outputs.
+
+    Returns:
+      [B, T, N, H] in x's dtype.
+    """
+    _check_choice("layout", layout, LAYOUTS)
+    _check_choice("ladder", ladder, LADDERS)
+    _check_choice("allocation", allocation, ALLOCATIONS)
+    if x.ndim < 3:
+        raise ValueError(f"x has shape {tuple(x.shape)}: expected [..., T, N, H]")
+    head_dim = int(x.shape[-1])
+    _check_head_dim(head_dim)
+    positions = jnp.asarray(positions)
+    num_axes = _num_axes(x.ndim, positions)
+    if num_axes == 1 and positions.ndim == x.ndim - 2:
+        positions = positions[..., None]  # [..., T, 1]
+    if positions.shape[:-1] != x.shape[:-2]:
+        try:
+            jnp.broadcast_shapes(positions.shape[:-1], x.shape[:-2])
+        except ValueError:
+            raise ValueError(
+                f"positions {tuple(positions.shape)} do not match x {tuple(x.shape)} on [..., T]"
+            ) from None
+    phase = angles(
+        positions,
+        head_dim=head_dim,
+        base=base,
+        ladder=ladder,
+        allocation=allocation,
+        sections=sections,
+    )[..., None, :]  # [..., T, 1, P]
+    cos, sin = jnp.cos(phase), jnp.sin(phase)
+    if inverse:
+        sin = -sin
+    xf = x.astype(jnp.float32)
+    if layout == "half":
+        u, v = jnp.split(xf, 2, axis=-1)
+        out = jnp.concatenate([u * cos - v * sin, u * sin + v * cos], axis=-1)
+    else:
+        pairs = xf.reshape(*xf.shape[:-1], head_dim // 2, 2)
+        u, v = pairs[..., 0], pairs[..., 1]
+        out = jnp.stack([u * cos - v * sin, u * sin + v * cos], axis=-1).reshape(xf.shape)
+    return out.astype(x.dtype)
+
+
+# ------------------------------------------- matrix form (tests, analysis, small H)
+
+
+def _pair_indices(head_dim: int, layout: str) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (u_i, v_i) of the two coordinates of pair i in a head vector."""
+    _check_choice("layout", layout, LAYOUTS)
+    pairs = head_dim // 2
+    if layout == "half":
+        return np.arange(pairs), np.arange(pairs) + pairs
+    return 2 * np.arange(pairs), 2 * np.arange(pairs) + 1
+
+
+def generators(
+    head_dim: int,
+    *,
+    num_axes: int = 1,
+    base: float = 10000.0,
+    ladder: str = "standard",
+    layout: str = "half",
+    allocation: str = "interleaved",
+    sections: Sequence[int] | None = None,
+) -> np.ndarray:
+    """Skew-symmetric generators B_a with R_p = expm(sum_a p[a] B_a).
+
+    B_a holds theta_i in the pairs driven by axis a (block [[0, -theta], [theta, 0]]);
+    the B_a are block diagonal on the same blocks, so they commute.
+
+    Returns:
+      float64 [A, H, H].
+    """
+    freqs = frequencies(
+        head_dim,
+        base=base,
+        ladder=ladder,
+        num_axes=num_axes,
+        allocation=allocation,
+        sections=sections,
+    ).astype(np.float64)
+    axes = axis_of_pair(head_dim, num_axes=num_axes, allocation=allocation, sections=sections)
+    u, v = _pair_indices(head_dim, layout)
+    gens = np.zeros((num_axes, head_dim, head_dim))
+    gens[axes, v, u] = freqs
+    gens[axes, u, v] = -freqs
+    return gens
+
+
+def rotation_matrix(
+    position,
+    *,
+    head_dim: int,
+    base: float = 10000.0,
+    ladder: str = "standard",
+    layout: str = "half",
+    allocation: str = "interleaved",
+    sections: Sequence[int] | None = None,
+) -> jax.Array:
+    """The explicit rotation R_p, so that rotate(x, p)[..., :] == R_p @ x.
+
+    Args:
+      position: [..., A].
+
+    Returns:
+      float32 [..., H, H].
+    """
+    phase = angles(
+        position,
+        head_dim=head_dim,
+        base=base,
+        ladder=ladder,
+        allocation=allocation,
+        sections=sections,
+    )  # [..., P]
+    cos, sin = jnp.cos(phase), jnp.sin(phase)
+    u, v = _pair_indices(head_dim, layout)
+    mat = jnp.zeros((*phase.shape[:-1], head_dim, head_dim), jnp.float32)
+    mat = mat.at[..., u, u].set(cos).at[..., v, v].set(cos)
+    return mat.at[..., v, u].set(sin).at[..., u, v].set(-sin)
+
+
+def recover_positions(
+    phase,
+    *,
+    head_dim: int,
+    num_axes: int = 1,
+    base: float = 10000.0,
+    ladder: str = "standard",
+    allocation: str = "interleaved",
+    sections: Sequence[int] | None = None,
+) -> jax.Array:
+    """Inverts the encoding: positions from (possibly wrapped) pair angles.
+
+    Uses, per axis, the fastest pair driven by that axis: while |p[a] theta_max| < pi its
+    wrapped angle atan2(sin, cos) equals p[a] * theta_max, so p[a] is recovered exactly.
+
+    Args:
+      phase: [..., P] pair angles, e.g. atan2 of the entries of R_p.
+
+    Returns:
+      float32 [..., A].
+    """
+    freqs = frequencies(
+        head_dim,
+        base=base,
+        ladder=ladder,
+        num_axes=num_axes,
+        allocation=allocation,
+        sections=sections,
+    )
+    axes = axis_of_pair(head_dim, num_axes=num_axes, allocation=allocation, sections=sections)
+    fastest = []
+    for a in range(num_axes):
+        idx = np.flatnonzero(axes == a)
+        if idx.size == 0:
+            raise ValueError(f"axis {a} drives no pair: its position cannot be recovered")
+        fastest.append(idx[np.argmax(freqs[idx])])
+    fastest = np.asarray(fastest)
+    phase = jnp.asarray(phase, jnp.float32)[..., fastest]
+    wrapped = jnp.arctan2(jnp.sin(phase), jnp.cos(phase))
+    return wrapped / freqs[fastest]
