@@ -221,19 +221,43 @@ def rotate(
         ladder=ladder,
         allocation=allocation,
         sections=sections,
-    )[..., None, :]  # [..., T, 1, P]
-    cos, sin = jnp.cos(phase), jnp.sin(phase)
+    )  # [..., T, P]
+    cos, sin = _cos_sin_table(phase)  # [..., T, P] each, float32
     if inverse:
         sin = -sin
+    pairs = head_dim // 2
     xf = x.astype(jnp.float32)
+    # Both layouts as y = x * cos + swap(x) * (+-sin), with the two members of a pair on
+    # an axis of size 2, so the swap is a reversal of that axis (a strided read, no
+    # concatenate: XLA emits it as one vectorised elementwise pass).
     if layout == "half":
-        u, v = jnp.split(xf, 2, axis=-1)
-        out = jnp.concatenate([u * cos - v * sin, u * sin + v * cos], axis=-1)
+        xp = xf.reshape(*x.shape[:-1], 2, pairs)  # [..., T, N, 2, P]: (u, v)
+        c = cos[..., None, None, :]  # [..., T, 1, 1, P]
+        s = sin[..., None, None, :] * _SIGN[:, None]  # [..., T, 1, 2, P]: (-sin, sin)
+        out = xp * c + xp[..., ::-1, :] * s
     else:
-        pairs = xf.reshape(*xf.shape[:-1], head_dim // 2, 2)
-        u, v = pairs[..., 0], pairs[..., 1]
-        out = jnp.stack([u * cos - v * sin, u * sin + v * cos], axis=-1).reshape(xf.shape)
-    return out.astype(x.dtype)
+        xp = xf.reshape(*x.shape[:-1], pairs, 2)  # [..., T, N, P, 2]: (u, v)
+        c = cos[..., None, :, None]  # [..., T, 1, P, 1]
+        s = sin[..., None, :, None] * _SIGN  # [..., T, 1, P, 2]
+        out = xp * c + xp[..., ::-1] * s
+    return out.reshape(x.shape).astype(x.dtype)
+
+
+_SIGN = np.array([-1.0, 1.0], np.float32)
+
+
+def _cos_sin_table(phase):
+    """cos and sin of phase [..., P], materialised once.
+
+    Left alone, XLA fuses cos/sin into the consumer's per-element loop and evaluates
+    them once per head and pair member (2N times too often). A product with the
+    identity is exact in float32 and is never fused into an elementwise loop, so the
+    small [..., T, 2, P] table is computed once and then read.
+    """
+    table = jnp.stack([jnp.cos(phase), jnp.sin(phase)], axis=-2)  # [..., 2, P]
+    eye = jnp.eye(phase.shape[-1], dtype=jnp.float32)
+    table = jnp.einsum("...kp,pq->...kq", table, eye, precision=jax.lax.Precision.HIGHEST)
+    return table[..., 0, :], table[..., 1, :]
 
 
 # ------------------------------------------- matrix form (tests, analysis, small H)

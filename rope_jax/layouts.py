@@ -1,0 +1,319 @@
+"""Position ids for interleaved text / image / video sequences (host NumPy).
+
+A sequence is a list of segments: `Text(n)`, `Image(h, w)` and `Video(t, h, w)`,
+sizes in patches. Patches are ordered row-major (frame, row, column). Markers such
+as `[IMG]` / `[/IMG]` are ordinary text tokens. Every scheme gives text token `n`
+the position `(n, ..., n)`, so text-only input is plain RoPE-1D, and the first text
+token sits at 0. Axis order is `(t, h, w)` for 3 axes and `(h, w)` for 2 axes.
+
+Schemes (SPEC.md section 3; `L` is the 1-D position of the last token before a
+visual segment, `-1` if it opens the sequence; `f, r, c` are 1-based frame, row and
+column of a patch):
+
+  flat           every token and patch takes the next integer, on every axis.
+  mrope          Qwen2-VL M-RoPE: patch at `L + (f, r, c)`; next text at the
+                 segment's largest coordinate + 1.
+  rope_tie       RoPE-Tie (2-D, images): patch at `(L + r s, L + c t)`, `s = w + 1`,
+                 `t = h + 1`; next text at `L + (w + 1)(h + 1)`.
+  rope_tie_frac  RoPE-Tie with `s = (wh + 1)/(h + 1)`, `t = (wh + 1)/(w + 1)`; next
+                 text at `L + wh + 1`.
+  rope_tv        RoPE-Tie-v2: patch at `L + (n - dims)/2 + (f, r, c)` with `n` the
+                 number of patches; next text at `L + n + 1`. An image on 3 axes is a
+                 video with `t = 1`.
+
+Shape letters: B batch, T tokens, A position axes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+TEXT, IMAGE, VIDEO = 0, 1, 2  # token-type ids returned by `modality`
+
+
+def _check_sizes(seg, *fields: str) -> None:
+    for field in fields:
+        value = getattr(seg, field)
+        ok = isinstance(value, int | np.integer) and not isinstance(value, bool)
+        if not ok or value < 1:
+            raise ValueError(
+                f"{type(seg).__name__}.{field} must be a positive integer (patches or "
+                f"tokens), got {value!r}"
+            )
+        object.__setattr__(seg, field, int(value))
+
+
+@dataclasses.dataclass(frozen=True)
+class Text:
+    """`n` consecutive text tokens."""
+
+    n: int
+
+    def __post_init__(self):
+        _check_sizes(self, "n")
+
+    @property
+    def num_tokens(self) -> int:
+        return self.n
+
+
+@dataclasses.dataclass(frozen=True)
+class Image:
+    """An image of `h` rows by `w` columns of patches."""
+
+    h: int
+    w: int
+
+    def __post_init__(self):
+        _check_sizes(self, "h", "w")
+
+    @property
+    def num_tokens(self) -> int:
+        return self.h * self.w
+
+
+@dataclasses.dataclass(frozen=True)
+class Video:
+    """A video of `t` frames of `h` rows by `w` columns of patches."""
+
+    t: int
+    h: int
+    w: int
+
+    def __post_init__(self):
+        _check_sizes(self, "t", "h", "w")
+
+    @property
+    def num_tokens(self) -> int:
+        return self.t * self.h * self.w
+
+
+Segment = Text | Image | Video
+# A scheme places one visual segment: (segment, L, num_axes) -> (positions [P, A]
+# float64, 1-D position of the next token).
+Scheme = Callable[[Segment, float, int], tuple[np.ndarray, float]]
+
+
+def _dims_and_coords(seg: Image | Video, num_axes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Grid sizes [A] and 1-based patch coordinates [P, A] on `num_axes` (2 or 3) axes."""
+    return _grid(seg.t if isinstance(seg, Video) else 1, seg.h, seg.w, num_axes)
+
+
+@functools.lru_cache(maxsize=1024)
+def _grid(t: int, h: int, w: int, num_axes: int) -> tuple[np.ndarray, np.ndarray]:
+    dims = np.array((t, h, w), np.float64)[3 - num_axes :]
+    coords = np.indices((t, h, w)).reshape(3, -1).T[:, 3 - num_axes :] + 1.0  # (f, r, c)
+    dims.flags.writeable = coords.flags.writeable = False  # shared by the cache
+    return dims, coords
+
+
+def _require_axes(
+    scheme: str, seg: Segment, num_axes: int, allowed: tuple[int, ...], why: str
+) -> None:
+    if num_axes not in allowed:
+        need = f"num_axes={allowed[0]}" if len(allowed) == 1 else f"num_axes in {allowed}"
+        raise ValueError(
+            f"scheme {scheme!r} cannot place {seg} with num_axes={num_axes}: {why}, "
+            f"so it needs {need}"
+        )
+
+
+def _visual_axes(scheme: str, seg: Segment, num_axes: int) -> None:
+    """Checks a (t, h, w)-style scheme: images on 2 or 3 axes, videos on 3."""
+    if isinstance(seg, Video):
+        _require_axes(scheme, seg, num_axes, (3,), "a video has axes (t, h, w)")
+    else:
+        _require_axes(
+            scheme, seg, num_axes, (2, 3), "an image has axes (h, w), or (t, h, w) with t = 1"
+        )
+
+
+def _flat(seg: Segment, L: float, num_axes: int) -> tuple[np.ndarray, float]:
+    n = seg.num_tokens
+    pos = L + 1.0 + np.arange(n, dtype=np.float64)
+    return np.repeat(pos[:, None], num_axes, axis=1), L + 1.0 + n
+
+
+def _mrope(seg: Segment, L: float, num_axes: int) -> tuple[np.ndarray, float]:
+    _visual_axes("mrope", seg, num_axes)
+    dims, coords = _dims_and_coords(seg, num_axes)
+    return L + coords, L + dims.max() + 1.0
+
+
+def _rope_tie_scheme(*, frac: bool) -> Scheme:
+    name = "rope_tie_frac" if frac else "rope_tie"
+
+    def place(seg: Segment, L: float, num_axes: int) -> tuple[np.ndarray, float]:
+        if isinstance(seg, Video):
+            raise ValueError(
+                f"scheme {name!r} is defined for images only (2-D), got {seg}; "
+                "use rope_tv or mrope for video"
+            )
+        _require_axes(name, seg, num_axes, (2,), f"{name} is 2-D, axes (h, w)")
+        h, w = seg.h, seg.w
+        if frac:
+            steps = np.array(((w * h + 1) / (h + 1), (w * h + 1) / (w + 1)))
+            span = w * h + 1
+        else:
+            steps = np.array((w + 1, h + 1), np.float64)
+            span = (w + 1) * (h + 1)
+        _, coords = _dims_and_coords(seg, 2)
+        return L + coords * steps, L + float(span)
+
+    return place
+
+
+def _rope_tv(seg: Segment, L: float, num_axes: int) -> tuple[np.ndarray, float]:
+    _visual_axes("rope_tv", seg, num_axes)
+    dims, coords = _dims_and_coords(seg, num_axes)
+    n = float(np.prod(dims))  # an image on 2 axes: wh; on 3 axes: wh * 1
+    return L + (n - dims) / 2 + coords, L + n + 1.0
+
+
+SCHEMES: dict[str, Scheme] = {
+    "flat": _flat,
+    "mrope": _mrope,
+    "rope_tie": _rope_tie_scheme(frac=False),
+    "rope_tie_frac": _rope_tie_scheme(frac=True),
+    "rope_tv": _rope_tv,
+}
+
+
+def _check_args(segments: Sequence[Segment], scheme: str, num_axes: int) -> Scheme:
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown layout scheme {scheme!r}; allowed: {', '.join(SCHEMES)}")
+    if isinstance(num_axes, bool) or not isinstance(num_axes, int | np.integer) or num_axes < 1:
+        raise ValueError(f"num_axes must be a positive integer, got {num_axes!r}")
+    for i, seg in enumerate(segments):
+        if not isinstance(seg, Text | Image | Video):
+            raise ValueError(f"segment {i} is {seg!r}; expected Text, Image or Video")
+    return SCHEMES[scheme]
+
+
+def _layout(segments: Sequence[Segment], scheme: str, num_axes: int) -> tuple[np.ndarray, float]:
+    """Positions [T, A] float64 and the 1-D position of the next token."""
+    place = _check_args(segments, scheme, num_axes)
+    num_axes = int(num_axes)
+    blocks, start = [np.zeros((0, num_axes))], 0.0
+    for seg in segments:
+        fn = _flat if isinstance(seg, Text) else place
+        block, start = fn(seg, start - 1.0, num_axes)
+        blocks.append(block)
+    return np.concatenate(blocks, axis=0), float(start)
+
+
+def positions(segments: Sequence[Segment], scheme: str, num_axes: int) -> np.ndarray:
+    """Position ids of every token and patch of one sequence.
+
+    Args:
+      segments: the sequence, e.g. `[Text(5), Image(h=3, w=4), Text(2)]`.
+      scheme: a name from `SCHEMES`.
+      num_axes: A, the number of position axes (`(h, w)` for 2, `(t, h, w)` for 3).
+
+    Returns:
+      positions [T, A] float32, T = `num_tokens(segments)`; first text token at 0.
+
+    Raises:
+      ValueError: unknown scheme, or a segment the scheme cannot place on `num_axes`.
+    """
+    return _layout(segments, scheme, num_axes)[0].astype(np.float32)
+
+
+def next_position(segments: Sequence[Segment], scheme: str, num_axes: int) -> float:
+    """1-D position a text token appended after `segments` takes (for decoding)."""
+    return _layout(segments, scheme, num_axes)[1]
+
+
+def num_tokens(segments: Sequence[Segment]) -> int:
+    """T, the number of tokens and patches in `segments`."""
+    return sum(seg.num_tokens for seg in segments)
+
+
+def modality(segments: Sequence[Segment]) -> np.ndarray:
+    """Token types [T] int8: `TEXT` (0), `IMAGE` (1) patch or `VIDEO` (2) patch."""
+    kinds = [
+        TEXT if isinstance(s, Text) else IMAGE if isinstance(s, Image) else VIDEO for s in segments
+    ]
+    sizes = [seg.num_tokens for seg in segments]
+    return np.repeat(np.array(kinds, np.int8), np.array(sizes, np.int64))
+
+
+def batch_positions(
+    batch: Sequence[Sequence[Segment]],
+    scheme: str,
+    num_axes: int,
+    seq_len: int,
+    *,
+    truncate: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of a batch of sequences, padded (or cut) to `seq_len`.
+
+    Padded slots continue the text after the sequence (`next_position + k` on every
+    axis, k = 0, 1, ...), so they sit where ordinary trailing tokens would.
+
+    Args:
+      batch: B segment lists.
+      scheme: a name from `SCHEMES`.
+      num_axes: A.
+      seq_len: T, the padded length.
+      truncate: cut sequences longer than `seq_len` instead of raising.
+
+    Returns:
+      (positions [B, T, A] float32, mask [B, T] bool, True on real tokens).
+    """
+    _check_args((), scheme, num_axes)
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int | np.integer) or seq_len < 1:
+        raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
+    out = np.empty((len(batch), seq_len, int(num_axes)), np.float32)
+    mask = np.zeros((len(batch), seq_len), bool)
+    for b, segments in enumerate(batch):
+        pos, start = _layout(segments, scheme, num_axes)
+        n = len(pos)
+        if n > seq_len:
+            if not truncate:
+                raise ValueError(
+                    f"sequence {b} has {n} tokens, more than seq_len={seq_len}; "
+                    "pass truncate=True to cut it"
+                )
+            pos, n = pos[:seq_len], seq_len
+        out[b, :n] = pos
+        out[b, n:] = (start + np.arange(seq_len - n, dtype=np.float64))[:, None]
+        mask[b, :n] = True
+    return out, mask
+
+
+_KINDS = {"text": (Text, 1), "image": (Image, 2), "video": (Video, 3)}
+
+
+def parse_segments(spec: str) -> list[Segment]:
+    """Parses `"text:4,image:3x5,video:2x3x3,text:3"` (image `HxW`, video `TxHxW`)."""
+    if not spec.strip():
+        return []
+    segments = []
+    for item in spec.split(","):
+        match = re.fullmatch(r"\s*([a-zA-Z]+)\s*:\s*(\d+(?:\s*x\s*\d+)*)\s*", item)
+        kind = match and _KINDS.get(match.group(1).lower())
+        sizes = [int(s) for s in match.group(2).split("x")] if match else []
+        if not kind or len(sizes) != kind[1]:
+            raise ValueError(
+                f"bad segment {item.strip()!r} in {spec!r}: expected text:N, "
+                "image:HxW or video:TxHxW separated by commas"
+            )
+        try:
+            segments.append(kind[0](*sizes))
+        except ValueError as e:
+            raise ValueError(f"bad segment {item.strip()!r} in {spec!r}: {e}") from None
+    return segments
+
+
+def format_segments(segments: Sequence[Segment]) -> str:
+    """Inverse of `parse_segments`."""
+    names = {Text: "text", Image: "image", Video: "video"}
+    return ",".join(
+        f"{names[type(s)]}:" + "x".join(str(v) for v in dataclasses.astuple(s)) for s in segments
+    )
