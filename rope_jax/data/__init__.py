@@ -1,0 +1,73 @@
+"""Text data: byte tokenizer, TFDS corpora and Grain pipelines (no TensorFlow).
+
+  from rope_jax import data
+  data.prepare(config.data)                      # build shipped corpora if needed
+  it = data.make_train_iterator(config.data, seed=0, batch_size=32)
+  batch = next(it)                               # {"inputs", "targets", "weights"}
+  state = it.get_state(); it.set_state(state)    # checkpointable, JSON-serialisable
+  for batch in data.make_eval_iterator(config.data, split="validation",
+                                       batch_size=32, seq_len=4 * 256):
+      ...
+
+`config.data` fields (an ml_collections ConfigDict; see `default_config`):
+  name:          "shakespeare" | "python_stdlib" (built on first use from files that
+                 ship with the installed packages) | any TFDS dataset name, which must
+                 already be on disk as array_record under data_dir (never downloaded).
+  files:         glob of local UTF-8 text files ("" = unused); when set it replaces
+                 `name`. 3+ files are split by file (5% validation, 5% test, at least
+                 one each); 1-2 files are each cut 90/5/5 at line ends.
+  seq_len:       T, training context in tokens (evaluation may use any length).
+  data_dir:      TFDS data dir ("" = the TFDS default, ~/tensorflow_datasets).
+  text_key:      feature holding the text in a TFDS dataset ("a/b" for nested).
+  train_split:   split used for training ("train").
+  eval_split:    split used for held-out evaluation ("validation").
+  max_documents: read at most this many documents per split (0 = all); bounds memory
+                 and start-up time for large TFDS datasets.
+
+Splits of the shipped corpora: train / validation / test. Every document is
+followed by EOS; the token streams of a split are held in memory (uint16).
+"""
+
+import ml_collections
+
+from rope_jax.data.corpora import CORPORA, RopePythonStdlib, RopeShakespeare
+from rope_jax.data.pipeline import Windows, make_eval_iterator, make_train_iterator
+from rope_jax.data.sources import DataSourceError, documents, prepare, token_stream
+from rope_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, decode, encode
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """`config.data` with every field this package reads (documented above)."""
+    return ml_collections.ConfigDict(
+        {
+            "name": "shakespeare",  # shipped corpus or TFDS name
+            "files": "",  # glob of local text files; overrides name when set
+            "seq_len": 256,  # T, training context
+            "data_dir": "",  # TFDS data dir; "" = TFDS default
+            "text_key": "text",  # text feature of a TFDS dataset
+            "train_split": "train",  # split to train on
+            "eval_split": "validation",  # split to evaluate on
+            "max_documents": 0,  # documents read per split; 0 = all
+        }
+    )
+
+
+__all__ = [
+    "BOS_ID",
+    "CORPORA",
+    "DataSourceError",
+    "EOS_ID",
+    "PAD_ID",
+    "RopePythonStdlib",
+    "RopeShakespeare",
+    "VOCAB_SIZE",
+    "Windows",
+    "decode",
+    "default_config",
+    "documents",
+    "encode",
+    "make_eval_iterator",
+    "make_train_iterator",
+    "prepare",
+    "token_stream",
+]
