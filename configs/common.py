@@ -1,0 +1,126 @@
+"""Shared config pieces: the arg parser, model size presets, optimiser, loop, mesh.
+
+Every experiment family (`configs/lm.py`, `configs/multimodal.py`) builds on these:
+
+  python train.py --config=configs/lm.py:size=tiny,row=vo --workdir=runs/x
+  python train.py --config=configs/lm.py:size=tiny --config.optim.lr=1e-3 ...
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+# Decoder shapes (LLaMA-like: RMSNorm, SwiGLU, grouped-query attention).
+#   tiny   trains at several steps/s on 2 CPU cores; tests and quick sweeps.
+#   small  a useful CPU/GPU model (~12M parameters).
+#   1b     ~1B parameters (LLaMA-3.2-1B-like body, byte vocabulary): pods only.
+SIZES = {
+    "tiny": dict(num_layers=2, embed_dim=128, num_heads=4, num_kv_heads=2, head_dim=32,
+                 mlp_dim=384, seq_len=128, global_batch_size=16),
+    "small": dict(num_layers=6, embed_dim=384, num_heads=6, num_kv_heads=2, head_dim=64,
+                  mlp_dim=1024, seq_len=256, global_batch_size=32),
+    "1b": dict(num_layers=16, embed_dim=2048, num_heads=32, num_kv_heads=8, head_dim=64,
+               mlp_dim=8192, seq_len=2048, global_batch_size=256),
+}  # fmt: skip
+
+
+def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+    """Parses `key=value,key=value` (big_vision style) over typed defaults.
+
+    Values take the type of their default (bool accepts true/false/1/0); a key that has
+    no default is an error, so a typo in the arg string never passes silently.
+    """
+    result = ml_collections.ConfigDict(defaults)
+    for item in filter(None, (arg or "").split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"config arg {item!r} is not key=value (in {arg!r})")
+        if key not in defaults:
+            raise ValueError(f"config arg {key!r} is unknown; allowed: {', '.join(defaults)}")
+        default = defaults[key]
+        if isinstance(default, bool):
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"config arg {key}={value!r} must be true or false")
+            result[key] = value.lower() in ("true", "1")
+        else:
+            try:
+                result[key] = type(default)(value)
+            except ValueError:
+                raise ValueError(
+                    f"config arg {key}={value!r} is not a {type(default).__name__}"
+                ) from None
+    return result
+
+
+def size_preset(size: str) -> dict:
+    if size not in SIZES:
+        raise ValueError(f"size={size!r} is not one of {', '.join(SIZES)}")
+    return dict(SIZES[size])
+
+
+def base_config(size: str) -> ml_collections.ConfigDict:
+    """Everything but the experiment-specific fields, for model size `size`."""
+    preset = size_preset(size)
+    c = ml_collections.ConfigDict()
+    c.seed = 0  # one seed for init, data order and dropout
+
+    c.model = ml_collections.ConfigDict()
+    c.model.vocab_size = 259  # byte tokens (256) + PAD, BOS, EOS (rope_jax.data.VOCAB_SIZE)
+    c.model.num_layers = preset["num_layers"]  # decoder blocks
+    c.model.embed_dim = preset["embed_dim"]  # D, residual width
+    c.model.num_heads = preset["num_heads"]  # N, query heads
+    c.model.num_kv_heads = preset["num_kv_heads"]  # K, key/value heads (GQA); N % K == 0
+    c.model.head_dim = preset["head_dim"]  # H, even (rotation pairs)
+    c.model.mlp_dim = preset["mlp_dim"]  # F, SwiGLU hidden width
+    c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
+    c.model.param_dtype = "float32"  # parameter (master weight) dtype
+    c.model.patch_dim = 0  # input width of visual patch vectors; 0 = text only
+
+    c.model.rope = ml_collections.ConfigDict()
+    c.model.rope.sites = "qk"  # rotated sites, a subset of "qkvo"; "" = NoPE
+    c.model.rope.base = 10000.0  # frequency base
+    c.model.rope.ladder = "standard"  # standard | per_axis
+    c.model.rope.layout = "half"  # pair layout: half (LLaMA) | interleaved (RoFormer)
+    c.model.rope.allocation = "interleaved"  # pair -> axis: interleaved | sections
+    c.model.rope.sections = ()  # pairs per axis for allocation=sections, sums to H/2
+    c.model.rope.num_axes = 1  # A, position axes: 1 text, 2 image, 3 video
+    c.model.rope.scheme = "flat"  # multimodal layout from rope_jax.layouts.SCHEMES
+
+    c.data = ml_collections.ConfigDict()
+    c.data.name = "shakespeare"  # shakespeare | python_stdlib | any TFDS text dataset
+    c.data.files = ""  # glob of local text files; when set, replaces name
+    c.data.data_dir = ""  # TFDS data dir; "" = the TFDS default (~/tensorflow_datasets)
+    c.data.text_key = "text"  # feature holding the text in other TFDS datasets
+    c.data.train_split = "train"  # split to train on
+    c.data.eval_split = "validation"  # held-out split evaluated during training
+    c.data.max_documents = 0  # documents read per split; 0 = all
+    c.data.seq_len = preset["seq_len"]  # T, training context in tokens
+    c.data.global_batch_size = preset["global_batch_size"]  # sequences per step, all devices
+
+    c.optim = ml_collections.ConfigDict()
+    c.optim.name = "adamw"  # adamw | adam | sgd
+    c.optim.lr = 3e-3 if size == "tiny" else (1e-3 if size == "small" else 3e-4)  # peak lr
+    c.optim.warmup_steps = 50  # linear warm-up from 0
+    c.optim.schedule = "cosine"  # cosine | linear | constant (after warm-up)
+    c.optim.weight_decay = 0.1  # decoupled, on matrices only
+    c.optim.b1 = 0.9  # Adam beta1
+    c.optim.b2 = 0.95  # Adam beta2
+    c.optim.grad_clip_norm = 1.0  # global-norm clip; 0 = off
+
+    c.train = ml_collections.ConfigDict()
+    c.train.num_steps = 500  # optimiser steps
+    c.train.log_every_steps = 25  # progress line + metrics.jsonl + TensorBoard
+    c.train.eval_every_steps = 250  # held-out evaluation; 0 = only at the end
+    c.train.ckpt_every_steps = 250  # Orbax checkpoint; the last step is always saved
+    c.train.ckpt_keep = 3  # checkpoints kept (newest)
+
+    c.eval = ml_collections.ConfigDict()
+    c.eval.num_batches = 20  # batches per evaluation; 0 = the whole split
+    c.eval.batch_size = 16  # sequences per evaluation batch
+    c.eval.seq_lens = ()  # extra context lengths for eval.py (extrapolation), e.g. (256, 512)
+
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.shape = (-1, 1, 1)  # devices per axis; -1 = all remaining devices
+    c.mesh.axes = ("data", "fsdp", "tensor")  # mesh axis names
+    c.mesh.logical_axis_rules = ()  # (logical, mesh axis) overrides; () = library defaults
+    return c

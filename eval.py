@@ -1,0 +1,94 @@
+r"""Evaluates a checkpoint of a training run on held-out data.
+
+  python eval.py --workdir=runs/x                       # newest checkpoint
+  python eval.py --workdir=runs/x --step=500 --seq_lens=256,512,1024
+  python eval.py --workdir=runs/x --fallback            # skip damaged newest steps
+
+Writes <workdir>/eval_<step>.json: per context length, loss (nats/token), perplexity,
+bits per byte and token count. Context lengths beyond training measure extrapolation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import app, flags, logging
+
+from rope_jax import checkpoint, training
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+    flags.DEFINE_string("workdir", None, "Training run directory.")
+    flags.DEFINE_integer("step", None, "Checkpoint step; default the newest.")
+    flags.DEFINE_list("seq_lens", [], "Context lengths; default training + eval.seq_lens.")
+    flags.DEFINE_string("split", None, "Data split; default config.data.eval_split.")
+    flags.DEFINE_integer("num_batches", None, "Batches per length; 0 = whole split.")
+    flags.DEFINE_bool("fallback", False, "If a checkpoint is damaged, use the newest good.")
+
+
+def evaluate_checkpoint(
+    workdir: str,
+    *,
+    step: int | None = None,
+    seq_lens=(),
+    split: str | None = None,
+    num_batches: int | None = None,
+    fallback: bool = False,
+) -> dict:
+    """Restores a checkpoint into an abstract target and evaluates it; writes JSON."""
+    config = checkpoint.load_config(workdir)
+    seq_lens = [int(t) for t in seq_lens] or [config.data.seq_len, *config.eval.seq_lens]
+    if any(t <= 0 for t in seq_lens):
+        raise ValueError(f"--seq_lens={seq_lens} must be positive")
+    run = training.build(config)
+    ckpt = checkpoint.Manager(workdir, read_only=True)
+    try:
+        if not ckpt.steps():
+            raise checkpoint.CheckpointError(f"no checkpoints in {ckpt.directory}")
+        if step is None and fallback:
+            step, state, _ = ckpt.restore_latest_good(run.abstract)
+        else:
+            step = ckpt.latest_step() if step is None else step
+            state, _ = ckpt.restore(step, run.abstract)
+    finally:
+        ckpt.close()
+    split = split or config.data.eval_split
+    num_batches = config.eval.num_batches if num_batches is None else num_batches
+    result = {"step": int(step), "split": split, "train_seq_len": config.data.seq_len}
+    for seq_len in seq_lens:
+        result[str(seq_len)] = training.evaluate(
+            run, state["params"], config, split=split, seq_len=seq_len, num_batches=num_batches
+        )
+        logging.info("step %d, seq_len %d: %s", step, seq_len, result[str(seq_len)])
+    path = os.path.join(workdir, f"eval_{step}.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+    print(json.dumps(result, indent=2))
+    return result
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not FLAGS.workdir:
+        sys.exit("error: --workdir is required")
+    try:
+        evaluate_checkpoint(
+            FLAGS.workdir,
+            step=FLAGS.step,
+            seq_lens=FLAGS.seq_lens,
+            split=FLAGS.split,
+            num_batches=FLAGS.num_batches,
+            fallback=FLAGS.fallback,
+        )
+    except ValueError as e:  # CheckpointError, DataSourceError and config errors
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)

@@ -1,0 +1,227 @@
+"""LLaMA-like decoder in Flax NNX: RMSNorm, GQA attention with rotation sites, SwiGLU.
+
+  x = embed(tokens)            (patch vectors replace token embeddings where is_patch)
+  for each block:  x = x + attn(norm(x));  x = x + mlp(norm(x))
+  logits = head(norm(x))       (untied, float32)
+
+`cfg` is `config.model` (DESIGN.md field names); `check_config` validates it before
+anything is built or compiled. Parameters are stored in `param_dtype` and cast to the
+compute `dtype` at use; norms, softmax and logits are float32.
+
+Shape legend: B batch, T positions, D embed dim, F mlp dim, V vocab, A position axes,
+P patch dim.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rope_jax import rotary, sharding
+from rope_jax.attention import Attention, check_sites, dense_param
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+_SIZES = ("vocab_size", "num_layers", "embed_dim", "num_heads", "num_kv_heads", "head_dim")
+
+
+def _fail(field: str, value: Any, allowed: str):
+    raise ValueError(f"model.{field}={value!r} is invalid: {allowed}")
+
+
+def _choice(field: str, value: Any, allowed) -> None:
+    if value not in allowed:
+        _fail(field, value, f"must be one of {', '.join(map(repr, allowed))}")
+
+
+def check_config(cfg) -> None:
+    """Raises ValueError naming the field, its value and what is allowed."""
+    for field in (*_SIZES, "mlp_dim"):
+        value = cfg[field]
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            _fail(field, value, "must be a positive integer")
+    if cfg.head_dim % 2:
+        _fail("head_dim", cfg.head_dim, "must be even (rotation works on pairs)")
+    if cfg.num_heads % cfg.num_kv_heads:
+        _fail(
+            "num_kv_heads",
+            cfg.num_kv_heads,
+            f"must divide num_heads={cfg.num_heads} (grouped-query attention)",
+        )
+    _choice("dtype", cfg.dtype, DTYPES)
+    _choice("param_dtype", cfg.param_dtype, DTYPES)
+    patch_dim = cfg.get("patch_dim", 0) or 0
+    if not isinstance(patch_dim, int) or patch_dim < 0:
+        _fail("patch_dim", patch_dim, "must be a non-negative integer (0 = text only)")
+    rope = cfg.rope
+    check_sites(rope.sites, field="model.rope.sites")
+    if not isinstance(rope.base, (int, float)) or not rope.base > 1:
+        _fail("rope.base", rope.base, "must be a number > 1")
+    _choice("rope.ladder", rope.ladder, rotary.LADDERS)
+    _choice("rope.layout", rope.layout, rotary.LAYOUTS)
+    _choice("rope.allocation", rope.allocation, rotary.ALLOCATIONS)
+    num_axes = rope.get("num_axes", 1)
+    if not isinstance(num_axes, int) or num_axes < 1:
+        _fail("rope.num_axes", num_axes, "must be a positive integer (1 text, 2 image, 3 video)")
+    if rope.allocation == "sections":
+        sections = tuple(rope.get("sections") or ())
+        pairs = cfg.head_dim // 2
+        if len(sections) != num_axes:
+            _fail("rope.sections", sections, f"needs num_axes={num_axes} entries")
+        if any(not isinstance(s, int) or s < 0 for s in sections) or sum(sections) != pairs:
+            _fail("rope.sections", sections, f"must be non-negative and sum to head_dim/2={pairs}")
+
+
+class RMSNorm(nnx.Module):
+    """x / rms(x) * scale, computed in float32."""
+
+    def __init__(self, dim: int, *, eps: float = 1e-6, dtype=jnp.float32, param_dtype):
+        self.scale = nnx.Param(
+            jnp.ones((dim,), param_dtype), out_sharding=("embed",), eager_sharding=False
+        )
+        self.eps, self.dtype = eps, dtype
+
+    def __call__(self, x):
+        x = x.astype(jnp.float32)
+        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        return (x * self.scale[...].astype(jnp.float32)).astype(self.dtype)
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(x W_gate) * (x W_up))."""
+
+    def __init__(self, dim: int, hidden: int, *, dtype, param_dtype, out_scale, rngs):
+        p = dict(dtype=param_dtype, fan_in=dim)
+        self.gate = dense_param(rngs, (dim, hidden), ("embed", "mlp"), **p)
+        self.up = dense_param(rngs, (dim, hidden), ("embed", "mlp"), **p)
+        self.down = dense_param(
+            rngs, (hidden, dim), ("mlp", "embed"), dtype=param_dtype, fan_in=hidden, scale=out_scale
+        )
+        self.dtype = dtype
+
+    def __call__(self, x):
+        w = lambda p: p[...].astype(self.dtype)
+        h = jax.nn.silu(x @ w(self.gate)) * (x @ w(self.up))  # [B, T, F]
+        h = sharding.constrain(h, ("batch", "seq", "mlp"))
+        return h @ w(self.down)
+
+
+class Block(nnx.Module):
+    """Pre-norm decoder block: x = x + attn(norm(x)); x = x + mlp(norm(x))."""
+
+    def __init__(self, cfg, *, rngs: nnx.Rngs):
+        dtype, param_dtype = DTYPES[cfg.dtype], DTYPES[cfg.param_dtype]
+        out_scale = 1.0 / math.sqrt(2 * cfg.num_layers)  # residual branches (GPT-2 style)
+        norm = dict(dtype=dtype, param_dtype=param_dtype)
+        self.attn_norm = RMSNorm(cfg.embed_dim, **norm)
+        self.attn = Attention(
+            cfg.embed_dim,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            sites=cfg.rope.sites,
+            rope=cfg.rope,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            out_scale=out_scale,
+            rngs=rngs,
+        )
+        self.mlp_norm = RMSNorm(cfg.embed_dim, **norm)
+        self.mlp = MLP(
+            cfg.embed_dim,
+            cfg.mlp_dim,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            out_scale=out_scale,
+            rngs=rngs,
+        )
+
+    def __call__(self, x, positions):
+        x = x + self.attn(self.attn_norm(x), positions)
+        x = x + self.mlp(self.mlp_norm(x))
+        return sharding.constrain(x, ("batch", "seq", "embed"))
+
+
+class Decoder(nnx.Module):
+    """Token (and patch) embedding, `num_layers` blocks, final norm, untied head."""
+
+    def __init__(self, cfg, *, rngs: nnx.Rngs):
+        check_config(cfg)
+        self.num_axes = cfg.rope.get("num_axes", 1)
+        self.patch_dim = cfg.get("patch_dim", 0) or 0
+        self.dtype, param_dtype = DTYPES[cfg.dtype], DTYPES[cfg.param_dtype]
+        d, v = cfg.embed_dim, cfg.vocab_size
+        self.embed = nnx.Param(
+            jax.random.normal(rngs.params(), (v, d), param_dtype),
+            out_sharding=("vocab", "embed"),
+            eager_sharding=False,
+        )
+        # Assigned once: an attribute first set to None is static and cannot take a Param.
+        self.patch_embed = (
+            dense_param(
+                rngs,
+                (self.patch_dim, d),
+                ("patch", "embed"),
+                dtype=param_dtype,
+                fan_in=self.patch_dim,
+            )
+            if self.patch_dim
+            else None
+        )
+        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.norm = RMSNorm(d, dtype=self.dtype, param_dtype=param_dtype)
+        self.head = dense_param(rngs, (d, v), ("embed", "vocab"), dtype=param_dtype, fan_in=d)
+
+    def __call__(self, tokens, positions=None, *, patches=None, is_patch=None) -> jax.Array:
+        """Logits of the next token.
+
+        Args:
+          tokens: int [B, T] (ignored where is_patch).
+          positions: [B, T, A] float/int; None = text positions arange(T) on every axis.
+          patches: [B, T, P] visual patch vectors (needs model.patch_dim = P).
+          is_patch: bool [B, T], True where the stream holds a patch instead of a token.
+
+        Returns:
+          float32 [B, T, V].
+        """
+        b, t = tokens.shape
+        if positions is None:
+            positions = jnp.broadcast_to(
+                jnp.arange(t, dtype=jnp.float32)[None, :, None], (b, t, self.num_axes)
+            )
+        if positions.shape != (b, t, self.num_axes):
+            raise ValueError(
+                f"positions have shape {positions.shape}: "
+                f"expected [B, T, A]={(b, t, self.num_axes)}"
+            )
+        table = sharding.constrain(self.embed[...], ("vocab", None))  # gathered over embed
+        x = jnp.take(table, tokens, axis=0).astype(self.dtype)  # [B, T, D]
+        if patches is not None:
+            if self.patch_embed is None:
+                raise ValueError("patches were given but model.patch_dim=0 (text only)")
+            if is_patch is None or patches.shape != (b, t, self.patch_dim):
+                raise ValueError(
+                    f"patches {patches.shape} need shape [B, T, P]={(b, t, self.patch_dim)} "
+                    "and an is_patch [B, T] mask"
+                )
+            px = patches.astype(self.dtype) @ self.patch_embed[...].astype(self.dtype)
+            x = jnp.where(is_patch[..., None], px, x)
+        x = sharding.constrain(x, ("batch", "seq", "embed"))
+        for block in self.blocks:
+            x = block(x, positions)
+        x = self.norm(x)
+        logits = jnp.einsum(
+            "BTD,DV->BTV",
+            x,
+            self.head[...].astype(self.dtype),
+            preferred_element_type=jnp.float32,
+        )
+        return sharding.constrain(logits, ("batch", "seq", "vocab"))
+
+
+def count_params(model: nnx.Module) -> int:
+    """Number of scalar parameters (nnx.Param leaves)."""
+    return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

@@ -1,0 +1,232 @@
+"""Tests for rope_jax.model: shapes, config validation, causality, precision, training."""
+
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from flax.core import spmd as flax_spmd
+from jax.sharding import PartitionSpec as P
+
+from rope_jax import model as model_lib
+
+B, T = 2, 12
+
+
+def tiny_cfg(**overrides):
+    """A small config.model; overrides use dotted names ("rope.sites")."""
+    cfg = ml_collections.ConfigDict(
+        dict(
+            vocab_size=19,
+            num_layers=2,
+            embed_dim=32,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=8,
+            mlp_dim=64,
+            dtype="float32",
+            param_dtype="float32",
+            patch_dim=0,
+            rope=dict(
+                sites="qk",
+                base=10000.0,
+                ladder="standard",
+                layout="half",
+                allocation="interleaved",
+                sections=(),
+                num_axes=1,
+                scheme="flat",
+            ),
+        )
+    )
+    for key, value in overrides.items():
+        *parents, leaf = key.split(".")
+        target = cfg
+        for name in parents:
+            target = target[name]
+        target[leaf] = value
+    return cfg
+
+
+def tokens(seed=0, b=B, t=T, vocab=19):
+    return jnp.asarray(np.random.default_rng(seed).integers(0, vocab, size=(b, t)), jnp.int32)
+
+
+# ------------------------------------------------------------------------ forward
+
+
+@pytest.mark.parametrize("sites", ["", "qk", "vo", "qkvo"])
+def test_text_forward_shape_and_dtype(sites):
+    model = model_lib.Decoder(tiny_cfg(**{"rope.sites": sites}), rngs=nnx.Rngs(0))
+    logits = model(tokens())
+    assert logits.shape == (B, T, 19) and logits.dtype == jnp.float32
+    assert np.all(np.isfinite(logits))
+    # initial loss is near log(V): the init is sane
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, tokens(1)).mean()
+    assert abs(float(loss) - np.log(19)) < 1.0
+
+
+def test_patch_forward():
+    cfg = tiny_cfg(patch_dim=6, **{"rope.num_axes": 3, "rope.sites": "qkvo"})
+    model = model_lib.Decoder(cfg, rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(0)
+    patches = jnp.asarray(rng.normal(size=(B, T, 6)), jnp.float32)
+    is_patch = jnp.zeros((B, T), bool).at[:, 3:9].set(True)
+    pos = jnp.asarray(rng.uniform(0, 10, size=(B, T, 3)), jnp.float32)
+    tok = tokens()
+    logits = model(tok, pos, patches=patches, is_patch=is_patch)
+    assert logits.shape == (B, T, 19) and logits.dtype == jnp.float32
+    # tokens under patches are ignored; the patch vectors are not
+    same = model(tok.at[:, 4].set(0), pos, patches=patches, is_patch=is_patch)
+    np.testing.assert_array_equal(np.asarray(logits), np.asarray(same))
+    other = model(tok, pos, patches=patches.at[:, 4].add(1.0), is_patch=is_patch)
+    assert float(jnp.max(jnp.abs(other[:, 4:] - logits[:, 4:]))) > 1e-3
+    np.testing.assert_allclose(np.asarray(other[:, :4]), np.asarray(logits[:, :4]), atol=1e-6)
+
+
+def test_patches_without_patch_dim_raise():
+    model = model_lib.Decoder(tiny_cfg(), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="patch_dim"):
+        model(tokens(), patches=jnp.zeros((B, T, 4)), is_patch=jnp.ones((B, T), bool))
+    with pytest.raises(ValueError, match="positions"):
+        model(tokens(), jnp.zeros((B, T, 3)))
+
+
+@pytest.mark.parametrize("sites", ["qk", "vo"])
+def test_causal(sites):
+    """Changing token t leaves logits before t unchanged and changes them from t on."""
+    model = model_lib.Decoder(tiny_cfg(**{"rope.sites": sites}), rngs=nnx.Rngs(1))
+    tok = tokens(2)
+    t = 7
+    base, changed = model(tok), model(tok.at[:, t].set((tok[:, t] + 1) % 19))
+    np.testing.assert_allclose(np.asarray(base[:, :t]), np.asarray(changed[:, :t]), atol=1e-6)
+    assert float(jnp.max(jnp.abs(base[:, t:] - changed[:, t:]))) > 1e-3
+
+
+def test_text_positions_default_and_degeneracy():
+    """positions=None == arange(T) on all axes; on text, 3-D sections RoPE == 1-D RoPE."""
+    nd = {"rope.num_axes": 3, "rope.allocation": "sections", "rope.sections": (1, 1, 2)}
+    model3 = model_lib.Decoder(tiny_cfg(**nd), rngs=nnx.Rngs(3))
+    model1 = model_lib.Decoder(tiny_cfg(), rngs=nnx.Rngs(3))  # same seed -> same params
+    tok = tokens(4)
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.float32)[None, :, None], (B, T, 3))
+    default = model3(tok)
+    np.testing.assert_array_equal(np.asarray(default), np.asarray(model3(tok, pos)))
+    np.testing.assert_allclose(np.asarray(default), np.asarray(model1(tok)), atol=1e-5)
+    assert float(jnp.max(jnp.abs(default - model3(tok, pos * 1.5)))) > 1e-3  # positions matter
+
+
+def test_bfloat16_compute():
+    tok = tokens(5)
+    f32 = model_lib.Decoder(tiny_cfg(), rngs=nnx.Rngs(4))(tok)
+    bf16 = model_lib.Decoder(tiny_cfg(dtype="bfloat16"), rngs=nnx.Rngs(4))(tok)
+    assert bf16.dtype == jnp.float32
+    err = float(jnp.max(jnp.abs(bf16 - f32)))
+    assert 0 < err < 0.05 * float(jnp.max(jnp.abs(f32))) + 0.02, err
+
+
+def test_rms_norm():
+    norm = model_lib.RMSNorm(16, param_dtype=jnp.float32)
+    x = jnp.asarray(np.random.default_rng(6).normal(size=(3, 16)), jnp.float32)
+    y = norm(x)
+    np.testing.assert_allclose(np.sqrt(np.mean(np.square(y), -1)), 1.0, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(norm(7.0 * x)), np.asarray(y), rtol=1e-4, atol=1e-6)
+
+
+def test_count_params():
+    cfg = tiny_cfg()
+    d, n, k, h, f, v, layers = 32, 4, 2, 8, 64, 19, 2
+    per_block = 2 * d + d * n * h + 2 * d * k * h + n * h * d + 3 * d * f
+    expected = v * d + layers * per_block + d + d * v
+    assert model_lib.count_params(model_lib.Decoder(cfg, rngs=nnx.Rngs(0))) == expected
+    with_patches = model_lib.Decoder(tiny_cfg(patch_dim=5), rngs=nnx.Rngs(0))
+    assert model_lib.count_params(with_patches) == expected + 5 * d
+
+
+def test_params_carry_logical_names():
+    params = nnx.state(model_lib.Decoder(tiny_cfg(patch_dim=5), rngs=nnx.Rngs(0)), nnx.Param)
+    names = {
+        "/".join(map(str, path)): (var.get_metadata().get("out_sharding"), var.ndim)
+        for path, var in nnx.to_flat_state(params)
+    }
+    for path, (axes, ndim) in names.items():
+        assert axes is not None and len(axes) == ndim, path
+    assert names["embed"][0] == ("vocab", "embed")
+    assert names["patch_embed"][0] == ("patch", "embed")
+    assert names["head"][0] == ("embed", "vocab")
+    assert names["blocks/0/attn/q_proj"][0] == ("embed", "heads", "head_dim")
+    assert names["blocks/1/attn/k_proj"][0] == ("embed", "kv", "head_dim")
+    assert names["blocks/1/attn/o_proj"][0] == ("heads", "head_dim", "embed")
+    assert names["blocks/0/mlp/down"][0] == ("mlp", "embed")
+    assert names["blocks/0/mlp_norm/scale"][0] == ("embed",)
+    # flax's own reader sees them too, mapped through logical rules in context
+    with flax_spmd.logical_axis_rules((("embed", "fsdp"), ("vocab", "tensor"))):
+        assert nnx.get_partition_spec(params)["head"].get_value() == P("fsdp", "tensor")
+
+
+BAD_CONFIGS = [
+    ({"rope.sites": "qx"}, "model.rope.sites='qx'"),
+    ({"rope.sites": "kk"}, "model.rope.sites='kk'"),
+    ({"head_dim": 7}, "model.head_dim=7"),
+    ({"num_heads": 4, "num_kv_heads": 3}, "model.num_kv_heads=3"),
+    ({"rope.allocation": "sections", "rope.sections": (2, 2)}, "model.rope.sections"),
+    (
+        {"rope.allocation": "sections", "rope.num_axes": 3, "rope.sections": (1, 1)},
+        "model.rope.sections=(1, 1)",
+    ),
+    (
+        {"rope.allocation": "sections", "rope.num_axes": 3, "rope.sections": (1, 1, 1)},
+        "sum to head_dim/2=4",
+    ),
+    ({"rope.ladder": "linear"}, "model.rope.ladder='linear'"),
+    ({"rope.layout": "neox"}, "model.rope.layout='neox'"),
+    ({"rope.allocation": "random"}, "model.rope.allocation='random'"),
+    ({"rope.base": 1.0}, "model.rope.base=1.0"),
+    ({"rope.num_axes": 0}, "model.rope.num_axes=0"),
+    ({"dtype": "float16"}, "model.dtype='float16'"),
+    ({"param_dtype": "int8"}, "model.param_dtype='int8'"),
+    ({"vocab_size": 0}, "model.vocab_size=0"),
+    ({"num_layers": -1}, "model.num_layers=-1"),
+    ({"embed_dim": 0}, "model.embed_dim=0"),
+    ({"mlp_dim": 0}, "model.mlp_dim=0"),
+    ({"patch_dim": -2}, "model.patch_dim=-2"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_CONFIGS, ids=[m for _, m in BAD_CONFIGS])
+def test_check_config(overrides, message):
+    cfg = tiny_cfg(**overrides)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        model_lib.check_config(cfg)
+    with pytest.raises(ValueError, match="model."):
+        model_lib.Decoder(cfg, rngs=nnx.Rngs(0))
+
+
+def test_check_config_accepts_valid():
+    model_lib.check_config(tiny_cfg())
+    model_lib.check_config(
+        tiny_cfg(**{"rope.allocation": "sections", "rope.num_axes": 3, "rope.sections": (2, 1, 1)})
+    )
+
+
+# ----------------------------------------------------------------------- training
+
+
+def test_tiny_model_learns_repeating_sequence():
+    model = model_lib.Decoder(tiny_cfg(**{"rope.sites": "vo"}), rngs=nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+    seq = jnp.tile(jnp.asarray([3, 1, 4, 1, 5, 9, 2, 6], jnp.int32), (4, 3))  # [4, 24]
+
+    @nnx.jit
+    def train_step(model, optimizer, seq):
+        def loss_fn(model):
+            logits = model(seq[:, :-1])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, seq[:, 1:]).mean()
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        optimizer.update(model, grads)
+        return loss
+
+    losses = [float(train_step(model, optimizer, seq)) for _ in range(30)]
+    assert losses[-1] < 0.3 * losses[0], losses

@@ -1,0 +1,236 @@
+"""End-to-end: train.py / eval.py on a tiny config over the real Shakespeare corpus."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import eval as eval_lib
+import train
+from configs import lm
+from rope_jax import checkpoint, data, metrics, training
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("tfds"))
+    cfg = data.default_config()
+    cfg.data_dir = path
+    data.prepare(cfg)
+    return path
+
+
+def tiny(data_dir, **overrides):
+    """A 1-layer model that trains a step in milliseconds."""
+    config = lm.get_config("size=tiny")
+    m = config.model
+    m.num_layers, m.embed_dim, m.num_heads, m.num_kv_heads = 1, 32, 2, 1
+    m.head_dim, m.mlp_dim = 16, 64
+    config.data.data_dir = data_dir
+    config.data.seq_len, config.data.global_batch_size = 32, 8
+    config.optim.warmup_steps = 5
+    config.train.num_steps = 20
+    config.train.log_every_steps = 5
+    config.train.eval_every_steps = 0
+    config.train.ckpt_every_steps = 10
+    config.eval.num_batches, config.eval.batch_size = 2, 8
+    for dotted, value in overrides.items():
+        node = config
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return config
+
+
+def final_params(workdir, config):
+    run = training.build(config)
+    mngr = checkpoint.Manager(workdir, read_only=True)
+    state, extra = mngr.restore(mngr.latest_step(), run.abstract)
+    mngr.close()
+    return jax.tree.leaves(jax.device_get(state["params"])), extra
+
+
+def test_loss_falls_and_outputs_are_written(data_dir, tmp_path):
+    config = tiny(data_dir, **{"train.num_steps": 60, "optim.lr": 1e-2})
+    result = train.train_and_evaluate(config, str(tmp_path))
+    records = metrics.read_jsonl(str(tmp_path))
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert losses[-1] < losses[0] - 1.0, losses  # bytes: ~5.5 nats at init
+    assert result["loss"] < 4.0 and result["tokens"] == 2 * 8 * 32
+    assert any("eval/loss" in r for r in records)
+    assert os.listdir(tmp_path / "tb")  # TensorBoard event files
+    assert json.load(open(tmp_path / "config.json"))["model"]["rope"]["sites"] == "qk"
+    assert checkpoint.Manager(str(tmp_path), read_only=True).steps() == [40, 50, 60]  # keep 3
+
+
+def test_resume_ends_with_exactly_the_same_parameters(data_dir, tmp_path):
+    config = tiny(data_dir)
+    straight, interrupted = str(tmp_path / "a"), str(tmp_path / "b")
+    train.train_and_evaluate(config, straight)
+    train.train_and_evaluate(config, interrupted)
+    shutil.rmtree(os.path.join(interrupted, "checkpoints", "20"))  # as if killed after 10
+    train.train_and_evaluate(config, interrupted)  # resumes from step 10
+    a, extra_a = final_params(straight, config)
+    b, extra_b = final_params(interrupted, config)
+    assert extra_a == extra_b  # data iterator position included
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_sigterm_saves_and_the_rerun_matches_an_uninterrupted_run(data_dir, tmp_path):
+    config = tiny(data_dir, **{"train.num_steps": 400, "train.ckpt_every_steps": 400})
+    straight = str(tmp_path / "straight")
+    train.train_and_evaluate(config, straight)
+
+    workdir = str(tmp_path / "killed")
+    cmd = [sys.executable, "train.py", "--config=configs/lm.py:size=tiny", f"--workdir={workdir}"]
+    cmd += [f"--config.{k}={v}" for k, v in _flat(config).items()]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 120
+    while not any("loss" in r for r in metrics.read_jsonl(workdir)):  # training has begun
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read().decode()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0].decode()
+    assert proc.returncode == 0, out
+    saved = checkpoint.Manager(workdir, read_only=True).steps()
+    assert len(saved) == 1 and 0 < saved[0] < 400, (saved, out)
+
+    train.train_and_evaluate(config, workdir)  # the same command again resumes
+    for x, y in zip(final_params(straight, config)[0], final_params(workdir, config)[0],
+                    strict=True):  # fmt: skip
+        np.testing.assert_array_equal(x, y)
+
+
+def _flat(config, prefix=""):
+    """Config leaves as --config.* overrides (tuples/strings in flag syntax)."""
+    out = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if hasattr(value, "items"):
+            out.update(_flat(value, name + "."))
+        elif isinstance(value, tuple):
+            out[name] = "(" + ",".join(map(repr, value)) + ("," if len(value) == 1 else "") + ")"
+        else:
+            out[name] = value
+    return out
+
+
+def test_eval_restores_into_an_abstract_target_and_extrapolates(data_dir, tmp_path):
+    config = tiny(data_dir)
+    train.train_and_evaluate(config, str(tmp_path))
+    result = eval_lib.evaluate_checkpoint(str(tmp_path), seq_lens=[32, 64, 128], num_batches=2)
+    assert result["step"] == 20
+    assert [result[k]["tokens"] for k in ("32", "64", "128")] == [2 * 8 * t for t in (32, 64, 128)]
+    saved = json.load(open(tmp_path / "eval_20.json"))
+    assert saved["32"]["loss"] == pytest.approx(result["32"]["loss"])
+    assert saved["32"]["perplexity"] == pytest.approx(np.exp(saved["32"]["loss"]), rel=1e-6)
+
+
+def test_damaged_and_mismatched_checkpoints_give_one_clear_line(data_dir, tmp_path):
+    config = tiny(data_dir)
+    workdir = str(tmp_path)
+    train.train_and_evaluate(config, workdir)
+    # Damage the newest step: every array file under it is truncated.
+    for root, _, files in os.walk(os.path.join(workdir, "checkpoints", "20")):
+        for name in files:
+            if "state" in root and not name.endswith(".json"):
+                open(os.path.join(root, name), "w").close()
+    with pytest.raises(checkpoint.CheckpointError, match="step 20"):
+        eval_lib.evaluate_checkpoint(workdir, num_batches=1)
+    assert eval_lib.evaluate_checkpoint(workdir, num_batches=1, fallback=True)["step"] == 10
+
+    bigger = tiny(data_dir, **{"model.embed_dim": 64})
+    with pytest.raises(checkpoint.CheckpointError, match="model.embed_dim: 32 -> 64"):
+        train.train_and_evaluate(bigger, workdir)
+    wrong = str(tmp_path / "wrong")
+    shutil.copytree(workdir, wrong)
+    with open(os.path.join(wrong, "config.json")) as f:
+        saved = json.load(f)
+    saved["model"]["mlp_dim"] = 96  # the config no longer matches the arrays
+    with open(os.path.join(wrong, "config.json"), "w") as f:
+        json.dump(saved, f)
+    with pytest.raises(checkpoint.CheckpointError, match="does not match the model"):
+        eval_lib.evaluate_checkpoint(wrong, step=10, num_batches=1)
+
+
+def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
+    overrides = {"optim.name": "sgd", "optim.lr": 1e30, "optim.grad_clip_norm": 0.0,
+                 "optim.warmup_steps": 0, "optim.schedule": "constant",
+                 "train.ckpt_every_steps": 1, "train.log_every_steps": 1}  # fmt: skip
+    config = tiny(data_dir, **overrides)
+    with pytest.raises(train.NonFiniteLoss, match=r"at step (\d+); last good checkpoint: step"):
+        train.train_and_evaluate(config, str(tmp_path))
+    steps = checkpoint.Manager(str(tmp_path), read_only=True).steps()
+    assert steps and steps[-1] < config.train.num_steps
+
+
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        ({"model.rope.sites": "qx"}, "sites"),
+        ({"model.head_dim": 15}, "head_dim"),
+        ({"model.num_kv_heads": 3}, "num_kv_heads"),
+        ({"model.rope.allocation": "sections", "model.rope.sections": (3, 4)}, "sections"),
+        ({"model.rope.scheme": "spiral"}, "model.rope.scheme"),
+        ({"optim.name": "lion"}, "optim.name"),
+        ({"data.global_batch_size": 0}, "data.global_batch_size"),
+        ({"mesh.shape": (2, 1, 1)}, "mesh.shape"),
+        ({"data.name": "no_such_dataset_xyz"}, "no_such_dataset_xyz"),
+    ],
+)
+def test_bad_configs_fail_before_compiling_with_one_line(data_dir, tmp_path, overrides, match):
+    config = tiny(data_dir, **overrides)
+    start = time.time()
+    with pytest.raises(ValueError, match=match) as info:
+        train.train_and_evaluate(config, str(tmp_path))
+    assert "\n" not in str(info.value)
+    assert time.time() - start < 5
+    assert not os.path.exists(tmp_path / "checkpoints")
+
+
+def test_dry_run_counts_parameters_without_training(data_dir):
+    config = tiny(data_dir)
+    report = training.dry_run(config)
+    net = training.create_model(config, 0)
+    from rope_jax import model
+
+    assert report["parameters"] == model.count_params(net)
+    assert report["params_bytes_per_device"] == 4 * report["parameters"]
+    assert report["opt_bytes_per_device"] >= 2 * report["params_bytes_per_device"]
+    assert report["temp_bytes_per_device"] > 0
+
+
+SHARDED = r"""
+import json, sys
+sys.path.insert(0, ".")
+import jax, train
+from tests.train_test import tiny
+config = tiny(sys.argv[1], **{"train.num_steps": 4, "train.log_every_steps": 1,
+                              "mesh.shape": (4, 2, 1)})
+assert jax.device_count() == 8
+train.train_and_evaluate(config, sys.argv[2])
+"""
+
+
+def test_sharded_training_on_8_devices_matches_one_device(data_dir, tmp_path):
+    config = tiny(data_dir, **{"train.num_steps": 4, "train.log_every_steps": 1})
+    train.train_and_evaluate(config, str(tmp_path / "one"))
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    proc = subprocess.run([sys.executable, "-c", SHARDED, data_dir, str(tmp_path / "eight")],
+                          cwd=ROOT, env=env, capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = [r["loss"] for r in metrics.read_jsonl(str(tmp_path / "one")) if "loss" in r]
+    eight = [r["loss"] for r in metrics.read_jsonl(str(tmp_path / "eight")) if "loss" in r]
+    assert len(one) == len(eight) == 4
+    np.testing.assert_allclose(eight, one, rtol=2e-5, atol=2e-5)
