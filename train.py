@@ -95,9 +95,10 @@ def _loop(config, run, state, start, train_iter, ckpt, writer, stop) -> dict:
         batch = sharding.put_batch(next(train_iter), run.batch_sharding)
         state, step_metrics = run.train_step(state, batch)
         pending.append(step_metrics["loss"])
+        stopping = stop["signal"] is not None  # read once: the signal may land mid-step
         log = step % config.train.log_every_steps == 0 or step == num_steps
         every = config.train.ckpt_every_steps
-        save = step == num_steps or stop["signal"] or (every and step % every == 0)
+        save = step == num_steps or stopping or (every and step % every == 0)
         if log or save:  # one host sync per log/save: check every pending step's loss
             losses = np.asarray(jax.device_get(jnp.stack(pending)))
             bad = np.flatnonzero(~np.isfinite(losses))
@@ -121,7 +122,7 @@ def _loop(config, run, state, start, train_iter, ckpt, writer, stop) -> dict:
         if save:
             ckpt.save(step, state, {"data": train_iter.get_state(), "step": step})
             last_good = step
-        if stop["signal"]:
+        if stopping:
             logging.warning("SIGTERM: saved step %d, exiting", step)
             return result
     return result if result is not None else evaluate(start)
