@@ -75,6 +75,7 @@ def base_config(size: str) -> ml_collections.ConfigDict:
     c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
     c.model.param_dtype = "float32"  # parameter (master weight) dtype
     c.model.patch_dim = 0  # input width of visual patch vectors; 0 = text only
+    c.model.remat = "block" if size == "1b" else "none"  # none | block (recompute in backward)
 
     c.model.rope = ml_collections.ConfigDict()
     c.model.rope.sites = "qk"  # rotated sites, a subset of "qkvo"; "" = NoPE

@@ -1,5 +1,6 @@
 """Tests for rope_jax.model: shapes, config validation, causality, precision, training."""
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -191,6 +192,7 @@ BAD_CONFIGS = [
     ({"embed_dim": 0}, "model.embed_dim=0"),
     ({"mlp_dim": 0}, "model.mlp_dim=0"),
     ({"patch_dim": -2}, "model.patch_dim=-2"),
+    ({"remat": "full"}, "model.remat='full'"),
 ]
 
 
@@ -230,3 +232,20 @@ def test_tiny_model_learns_repeating_sequence():
 
     losses = [float(train_step(model, optimizer, seq)) for _ in range(30)]
     assert losses[-1] < 0.3 * losses[0], losses
+
+
+def test_block_remat_gives_the_same_loss_and_gradients():
+    x = tokens(3)
+
+    def loss_and_grads(remat):
+        net = model_lib.Decoder(tiny_cfg(remat=remat, **{"rope.sites": "qkvo"}), rngs=nnx.Rngs(0))
+
+        def loss(m):
+            return jnp.mean(jax.nn.log_softmax(m(x))[..., 0])
+
+        return nnx.value_and_grad(loss)(net)
+
+    (l0, g0), (l1, g1) = loss_and_grads("none"), loss_and_grads("block")
+    np.testing.assert_allclose(l1, l0, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
