@@ -1,0 +1,22 @@
+"""The README's Python example runs as written."""
+
+import os
+import re
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_readme_python_example_runs():
+    text = open(os.path.join(ROOT, "README.md")).read()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks, "README has no python example"
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {})
+
+
+def test_readme_commands_name_existing_files():
+    text = open(os.path.join(ROOT, "README.md")).read()
+    for path in set(re.findall(r"python (\S+\.py)", text)):
+        assert os.path.exists(os.path.join(ROOT, path)), path
+    for config in set(re.findall(r"--config=(configs/\w+\.py)", text)):
+        assert os.path.exists(os.path.join(ROOT, config)), config
