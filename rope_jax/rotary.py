@@ -122,6 +122,29 @@ def frequencies(
     return (float(base) ** -exponent).astype(np.float32)
 
 
+def pair_table(
+    head_dim: int,
+    *,
+    num_axes: int = 1,
+    base: float = 10000.0,
+    ladder: str = "standard",
+    allocation: str = "interleaved",
+    sections: Sequence[int] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(frequencies float32 [P], axis of each pair int32 [P]): what drives every pair."""
+    freqs = frequencies(
+        head_dim,
+        base=base,
+        ladder=ladder,
+        num_axes=num_axes,
+        allocation=allocation,
+        sections=sections,
+    )
+    return freqs, axis_of_pair(
+        head_dim, num_axes=num_axes, allocation=allocation, sections=sections
+    )
+
+
 # ---------------------------------------------------------------- angles (traced)
 
 
@@ -155,15 +178,14 @@ def angles(
       float32 [..., P].
     """
     num_axes = int(positions.shape[-1])
-    freqs = frequencies(
+    freqs, axes = pair_table(
         head_dim,
+        num_axes=num_axes,
         base=base,
         ladder=ladder,
-        num_axes=num_axes,
         allocation=allocation,
         sections=sections,
     )
-    axes = axis_of_pair(head_dim, num_axes=num_axes, allocation=allocation, sections=sections)
     positions = jnp.asarray(positions).astype(jnp.float32)
     if num_axes == 1:
         per_pair = positions  # [..., 1] broadcasts over P
@@ -290,15 +312,15 @@ def generators(
     Returns:
       float64 [A, H, H].
     """
-    freqs = frequencies(
+    freqs, axes = pair_table(
         head_dim,
+        num_axes=num_axes,
         base=base,
         ladder=ladder,
-        num_axes=num_axes,
         allocation=allocation,
         sections=sections,
-    ).astype(np.float64)
-    axes = axis_of_pair(head_dim, num_axes=num_axes, allocation=allocation, sections=sections)
+    )
+    freqs = freqs.astype(np.float64)
     u, v = _pair_indices(head_dim, layout)
     gens = np.zeros((num_axes, head_dim, head_dim))
     gens[axes, v, u] = freqs
@@ -360,15 +382,14 @@ def recover_positions(
     Returns:
       float32 [..., A].
     """
-    freqs = frequencies(
+    freqs, axes = pair_table(
         head_dim,
+        num_axes=num_axes,
         base=base,
         ladder=ladder,
-        num_axes=num_axes,
         allocation=allocation,
         sections=sections,
     )
-    axes = axis_of_pair(head_dim, num_axes=num_axes, allocation=allocation, sections=sections)
     fastest = []
     for a in range(num_axes):
         idx = np.flatnonzero(axes == a)
