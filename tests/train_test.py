@@ -234,3 +234,13 @@ def test_sharded_training_on_8_devices_matches_one_device(data_dir, tmp_path):
     eight = [r["loss"] for r in metrics.read_jsonl(str(tmp_path / "eight")) if "loss" in r]
     assert len(one) == len(eight) == 4
     np.testing.assert_allclose(eight, one, rtol=2e-5, atol=2e-5)
+
+
+def test_batch_not_divisible_by_data_parallel_size_is_named(data_dir):
+    class FakeMesh:  # only .shape is read
+        shape = {"data": 3, "fsdp": 2, "tensor": 1}
+
+    with pytest.raises(ValueError, match=r"data.global_batch_size=8 is not divisible by .* 6"):
+        training.check_batch_fits_mesh(tiny(data_dir), FakeMesh())
+    ok = tiny(data_dir, **{"data.global_batch_size": 12, "eval.batch_size": 6})
+    training.check_batch_fits_mesh(ok, FakeMesh())
