@@ -1,0 +1,264 @@
+"""rope_jax.sweep: the table maths, bad requests, and a real 2-row x 2-seed sweep."""
+
+import json
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+import jax
+import pytest
+from ml_collections.config_flags import tuple_parser
+
+from rope_jax import sweep
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ("model.num_layers=1,model.embed_dim=32,model.num_heads=2,model.num_kv_heads=1,"
+        "model.head_dim=16,model.mlp_dim=64,data.seq_len=32,data.global_batch_size=8,"
+        "train.num_steps=10,train.log_every_steps=5,train.eval_every_steps=5,"
+        "train.ckpt_every_steps=5,eval.num_batches=1,eval.batch_size=8")  # fmt: skip
+RUNS = [("nope", 0), ("nope", 1), ("vo", 0), ("vo", 1)]
+# Runs compile in half the time; the sweep machinery is under test here, not XLA's optimiser.
+FAST_XLA = {"XLA_FLAGS": "--xla_backend_optimization_level=0"}
+
+
+def test_mean_std_and_ranks():
+    assert sweep.mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)  # sample std (ddof=1)
+    assert sweep.mean_std([2.5]) == (2.5, None)  # one seed: no std, no crash
+    assert sweep.ranks({"a": 3.0, "b": 1.0, "c": 2.0, "d": 1.0}) == {"a": 4, "b": 1, "c": 3, "d": 1}
+
+
+def test_kendall_tau_on_known_permutations():
+    ours = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}
+    tau, p, n = sweep.kendall(ours, {"a": 10, "b": 20, "c": 30, "d": 40, "extra": 0})
+    assert (tau, n) == (1.0, 4) and p == pytest.approx(2 / 24)  # exact: 2 of 4! orders
+    assert sweep.kendall(ours, {"a": 4, "b": 3, "c": 2, "d": 1})[0] == -1.0
+    # One adjacent swap: 5 concordant, 1 discordant pair of 6 -> tau = 4/6.
+    assert sweep.kendall(ours, {"a": 2, "b": 1, "c": 3, "d": 4})[0] == pytest.approx(2 / 3)
+    assert sweep.kendall(ours, {"a": 1, "zz": 2}) == (None, None, 1)
+    assert sweep.kendall({"a": 1.0, "b": 1.0}, {"a": 1, "b": 2})[:2] == (None, None)  # ties
+
+
+def test_resolved_pairs_compare_each_gap_with_the_combined_seed_std():
+    means = {"c": 1.12, "a": 1.0, "b": 1.1}
+    pairs = sweep.resolved_pairs(means, {"a": 0.03, "b": 0.04, "c": 0.01})
+    assert [(q["better"], q["worse"]) for q in pairs] == [("a", "b"), ("b", "c")]
+    assert pairs[0]["noise"] == pytest.approx(0.05) and pairs[0]["resolved"] is True
+    assert pairs[1]["gap"] == pytest.approx(0.02) and pairs[1]["resolved"] is False
+    single = sweep.resolved_pairs(means, {"a": None, "b": None, "c": None})
+    assert [q["resolved"] for q in single] == [None, None]
+
+
+def test_command_reconstruction_round_trips_through_the_shell():
+    argv = ["--config=configs/lm.py:size=tiny", "--seeds=3", "--set", "model.rope.sites=",
+            "--set", "data.files=my texts/*.txt"]  # fmt: skip
+    command = sweep.format_command(argv)
+    assert command.startswith("python -m rope_jax.sweep --config=configs/lm.py:size=tiny ")
+    assert shlex.split(command)[3:] == argv
+
+
+def test_set_values_take_the_field_type_and_reach_train_py_intact():
+    assert sweep.split_sets(["a.b=1,c.d=(1, 2)", "e=", "f.g=x,y"]) == [
+        ("a.b", "1"), ("c.d", "(1, 2)"), ("e", ""), ("f.g", "x,y")]  # fmt: skip
+    assert sweep.parse_value("2", 1) == 2 and isinstance(sweep.parse_value("2", 1.0), float)
+    assert sweep.parse_value("false", True) is False
+    assert sweep.parse_value("", "qk") == ""
+    assert sweep.parse_value("(64,128)", ()) == (64, 128) == sweep.parse_value("64,128", ())
+    assert sweep.parse_value("", (1,)) == () and sweep.parse_value("64", ()) == (64,)
+    with pytest.raises(ValueError):
+        sweep.parse_value("two", 1)
+    # What train.py's config_flags parses back from the flag text:
+    for value in [(), (64,), (64, 128), (("batch", "data"),)]:
+        assert tuple_parser.TupleParser().parse(sweep.flag_value(value)) == value
+    assert sweep.flag_value(True) == "true" and sweep.flag_value("") == ""
+
+
+def test_one_seed_table_says_std_is_na_and_rows_outside_the_article_get_a_dash(tmp_path):
+    def run(loss):
+        return {"seed": 0, "step": 10, "loss": {"32": loss, "64": loss + 1},
+                "eval_curve": [[5, loss + 0.5], [10, loss]]}  # fmt: skip
+
+    report = {"config": "c.py", "title": "", "command": "python -m rope_jax.sweep", "date": "d",
+              "jax": "0", "device": "cpu", "settings": {}, "seeds": [0], "seq_lens": ["32", "64"],
+              "eval_split": "validation", "article_loss": {"a": 2.0, "b": 1.0},
+              "rows": {}}  # fmt: skip
+    for name, base, loss in [("a", 1, 3.0), ("b", 2, 3.5), ("new", 3, 3.2)]:
+        report["rows"][name] = {"overrides": {"model.rope.base": base}, "runs": [run(loss)]}
+    md = sweep.render_markdown(report)
+    assert "| row | sites or overrides | loss @32 (T) mean ± std | loss @64 (2T) | rank |" in md
+    assert "| a | `model.rope.base=1` | 3.0000 ± n/a | 4.0000 | 1 | 2.000 | 2 |" in md
+    assert "| new | `model.rope.base=3` | 3.2000 ± n/a | 4.2000 | 2 | — | — |" in md
+    assert "one seed, so std is n/a" in md and "over the 2 rows in both: -1.000" in md
+    assert "- a < new: gap 0.2000, n/a (one seed)" in md
+    sweep.plot(report, str(tmp_path / "one_seed.png"))  # no error bars to draw: no crash
+    assert (tmp_path / "one_seed.png").stat().st_size > 10_000
+
+
+def _main(argv, capsys, monkeypatch=None):
+    """sweep.main in-process: (exit message or None, stdout, stderr, seconds)."""
+    if monkeypatch:  # for the runs it launches; this process's backend starts unchanged first
+        jax.devices()
+        monkeypatch.setenv("XLA_FLAGS", FAST_XLA["XLA_FLAGS"])
+    start, message = time.time(), None
+    try:
+        sweep.main(argv)
+    except SystemExit as e:
+        message = str(e.code)
+    out, err = capsys.readouterr()
+    return message, out, err, time.time() - start
+
+
+NO_SWEEP = "from configs.lm import get_config  # noqa: F401\n"
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        (["--rows=vo,bogus"], "unknown row(s) bogus; known rows: nope, q, k, v, o, qk, vo"),
+        (["--set", "model.num_layer=1"], "did you mean model.num_layers"),
+        (["--set", "train.num_steps=ten"], "train.num_steps=ten"),
+        (["--set", "model.rope.sites=q"], "set per run by nope, q, k"),
+        (["--set", "seed=3"], "the sweep sets each run's seed"),
+        (["--set", "model.head_dim=15"], "head_dim"),
+        (["--config=NO_SWEEP"], "defines no sweep(add)"),
+        (["--config=configs/lm.py:size=huge"], "size='huge'"),
+    ],
+)
+def test_bad_requests_fail_with_one_line_before_running_anything(tmp_path, capsys, extra, match):
+    config = tmp_path / "no_sweep.py"
+    config.write_text(NO_SWEEP)
+    extra = [str(a).replace("NO_SWEEP", str(config)) for a in extra]
+    workdir = tmp_path / "runs"
+    argv = ["--config=configs/lm.py:size=tiny", f"--workdir={workdir}", *extra]
+    message, out, _, seconds = _main(argv, capsys)
+    assert message and message.startswith("error: ") and "\n" not in message, message
+    assert match in message, message
+    assert not workdir.exists() and "[1/" not in out and seconds < 10
+
+
+def test_the_command_line_exits_non_zero_with_one_line(tmp_path):
+    cmd = [sys.executable, "-m", "rope_jax.sweep", "--config=configs/lm.py",
+           f"--workdir={tmp_path}/runs", "--rows=nope,typo"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert proc.stderr.strip().count("\n") == 0 and "unknown row(s) typo" in proc.stderr
+
+
+def test_a_failing_run_stops_the_sweep_and_shows_its_log(tmp_path, capsys, monkeypatch):
+    argv = ["--config=configs/lm.py:size=tiny", f"--workdir={tmp_path}", "--rows=qk", "--set", TINY]
+    argv += ["--set", f"data.name=no_such_dataset_xyz,data.data_dir={tmp_path}"]
+    message, out, err, _ = _main(argv, capsys, monkeypatch)
+    assert "run row=qk seed=0 failed: train.py exited with status 1" in message, message
+    assert "no_such_dataset_xyz" in err  # the log's last lines
+    assert not os.path.exists(tmp_path / "results.md")
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """One real sweep (rows nope and vo, 2 seeds) through `python -m rope_jax.sweep`."""
+    base = tmp_path_factory.mktemp("sweep")
+
+    def argv(workdir):
+        return ["--config=configs/lm.py:size=tiny", f"--workdir={workdir}", "--seeds=2",
+                "--rows=nope,vo", f"--results={workdir}/out/table", "--set", TINY,
+                "--set", f"data.data_dir={base / 'tfds'}"]  # fmt: skip
+
+    workdir = base / "runs"
+    cmd = [sys.executable, "-m", "rope_jax.sweep", *argv(workdir)]
+    env = dict(os.environ, **FAST_XLA)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    return {"workdir": workdir, "argv": argv, "stdout": proc.stdout}
+
+
+def _snapshot(workdir):
+    """Per run: checkpoint steps and the size of train.log."""
+    out = {}
+    for row, seed in RUNS:
+        run = os.path.join(workdir, row, f"seed_{seed}")
+        steps = sorted(int(d) for d in os.listdir(os.path.join(run, "checkpoints")) if d.isdigit())
+        out[row, seed] = (steps, os.path.getsize(os.path.join(run, "train.log")))
+    return out
+
+
+def test_sweep_trains_every_row_and_seed_and_writes_the_report(swept):
+    workdir, stdout = swept["workdir"], swept["stdout"]
+    for k, (row, seed) in enumerate(RUNS, 1):
+        assert f"[{k}/4] row={row} seed={seed}  new" in stdout, stdout
+        run = workdir / row / f"seed_{seed}"
+        saved = json.loads((run / "eval_10.json").read_text())
+        assert saved["step"] == 10 and saved["train_seq_len"] == 32
+        assert [saved[t]["tokens"] for t in ("32", "64", "128")] == [8 * 32, 8 * 64, 8 * 128]
+        config = json.loads((run / "config.json").read_text())
+        assert config["seed"] == seed and config["model"]["num_layers"] == 1
+        assert config["model"]["rope"]["sites"] == {"nope": "", "vo": "vo"}[row]  # "" reached
+        assert "step 10/10" in (run / "train.log").read_text()
+    assert stdout.count("ETA") == 4 and "held-out loss" in stdout
+    assert len(stdout.splitlines()) < 20  # the training logs went to train.log
+
+    report = json.loads((workdir / "out/table.json").read_text())
+    assert report["seq_lens"] == ["32", "64", "128"] and list(report["rows"]) == ["nope", "vo"]
+    for row in ("nope", "vo"):
+        runs = report["rows"][row]["runs"]
+        assert [r["seed"] for r in runs] == [0, 1]
+        assert [s for s, _ in runs[0]["eval_curve"]] == [5, 10]
+        assert [s for s, _ in runs[0]["train_curve"]] == [5, 10]
+
+    md = (workdir / "out/table.md").read_text()
+    assert md == sweep.render_markdown(report)  # the json regenerates the table
+    assert "python -m rope_jax.sweep --config=configs/lm.py:size=tiny" in md
+    assert "jax " in md and "device: cpu" in md and "model.num_layers=1" in md
+    assert "| loss @32 (T) mean ± std | loss @64 (2T) | loss @128 (4T) | rank |" in md
+    assert "article loss | article rank |" in md
+    lines = {line.split(" | ")[0]: line for line in md.splitlines() if line.startswith("| ")}
+    nope_losses = [r["loss"]["32"] for r in report["rows"]["nope"]["runs"]]
+    mean, std = sweep.mean_std(nope_losses)
+    assert lines["| nope"].startswith(f"| nope | NoPE | {mean:.4f} ± {std:.4f} | ")
+    assert lines["| nope"].endswith(" | 2.795 | 2 |") and lines["| vo"].endswith(" | 2.770 | 1 |")
+    assert "Kendall tau between our mean loss @T and the article's loss, over the 2 rows" in md
+    assert "- nope < vo: gap" in md or "- vo < nope: gap" in md
+    png = (workdir / "out/table.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_the_same_command_again_skips_everything(swept, capsys, monkeypatch):
+    workdir = swept["workdir"]
+    before = _snapshot(workdir)
+    message, out, _, seconds = _main(swept["argv"](workdir), capsys, monkeypatch)
+    assert message is None, message
+    assert out.count("done, skipped") == 4 and "ETA" not in out
+    assert _snapshot(workdir) == before  # no training, no new checkpoints or log lines
+    assert seconds < 30
+
+    cmd = [sys.executable, "-m", "rope_jax.sweep", *swept["argv"](workdir), "--dry_run"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count(" done ") == 4 and "4 runs: 4 done, 0 partial, 0 new" in proc.stdout
+
+
+def test_an_interrupted_run_alone_is_redone_and_resumes(swept, tmp_path, capsys, monkeypatch):
+    workdir = tmp_path / "runs"
+    shutil.copytree(swept["workdir"], workdir)
+    victim = workdir / "vo" / "seed_1"
+    os.remove(victim / "eval_10.json")
+    shutil.rmtree(victim / "checkpoints" / "10")
+    before = _snapshot(workdir)
+
+    message, out, _, _ = _main([*swept["argv"](workdir), "--dry_run"], capsys)
+    assert message is None and "3 done, 1 partial, 0 new" in out
+    assert not (workdir / "vo" / "seed_1" / "eval_10.json").exists()
+
+    message, out, _, _ = _main(swept["argv"](workdir), capsys, monkeypatch)
+    assert message is None, message
+    assert out.count("done, skipped") == 3 and "[4/4] row=vo seed=1  partial" in out
+    after = _snapshot(workdir)
+    assert {k: v for k, v in after.items() if k != ("vo", 1)} == {
+        k: v for k, v in before.items() if k != ("vo", 1)}  # fmt: skip
+    assert after["vo", 1][0][-1] == 10
+    assert "resumed from step 5" in (victim / "train.log").read_text()
+    new = json.loads((victim / "eval_10.json").read_text())
+    old = json.loads((swept["workdir"] / "vo" / "seed_1" / "eval_10.json").read_text())
+    assert math.isclose(new["32"]["loss"], old["32"]["loss"], rel_tol=1e-5)  # same run
