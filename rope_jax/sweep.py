@@ -21,15 +21,23 @@ import datetime
 import difflib
 import importlib.util
 import json
-import math
 import os
 import re
 import shlex
 import signal
-import statistics
 import subprocess
 import sys
 import time
+
+from rope_jax.sweep_report import (  # noqa: F401 (re-exported)
+    kendall,
+    mean_std,
+    plot,
+    ranks,
+    render_markdown,
+    resolved_pairs,
+    summarize,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # holds train.py
 SETTINGS = ("model.num_layers", "model.embed_dim", "model.num_heads", "model.num_kv_heads",
@@ -41,42 +49,6 @@ Run = collections.namedtuple("Run", "row seed workdir flags final_step seq_lens"
 
 class SweepError(ValueError):
     """A bad sweep request or a failed run; one readable line."""
-
-
-def mean_std(values) -> tuple[float, float | None]:
-    """Mean and sample std (ddof=1) over seeds; std is None for a single seed."""
-    values = [float(v) for v in values]
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
-
-
-def ranks(losses: dict) -> dict:
-    """name -> rank, 1 = lowest loss; ties share the better rank."""
-    ordered = sorted(losses.values())
-    return {name: ordered.index(loss) + 1 for name, loss in losses.items()}
-
-
-def kendall(ours: dict, theirs: dict) -> tuple[float | None, float | None, int]:
-    """Kendall tau, its p-value (None when undefined) and the count of names in both."""
-    from scipy import stats
-
-    common = [name for name in ours if name in theirs]
-    if len(common) < 2:
-        return None, None, len(common)
-    res = stats.kendalltau([ours[n] for n in common], [theirs[n] for n in common])
-    nan_none = lambda x: None if math.isnan(x) else float(x)
-    return nan_none(res.statistic), nan_none(res.pvalue), len(common)
-
-
-def resolved_pairs(means: dict, stds: dict) -> list[dict]:
-    """Adjacent pairs of our ranking; resolved = gap > sqrt(std_a^2 + std_b^2), or None
-    when a std is None (one seed: the noise is unknown)."""
-    order, out = sorted(means, key=means.get), []
-    for a, b in zip(order, order[1:], strict=False):
-        known = stds.get(a) is not None and stds.get(b) is not None
-        gap, noise = means[b] - means[a], math.hypot(stds[a], stds[b]) if known else None
-        out.append({"better": a, "worse": b, "gap": gap, "noise": noise,
-                    "resolved": gap > noise if known else None})  # fmt: skip
-    return out
 
 
 def format_command(argv) -> str:
@@ -326,103 +298,6 @@ def collect(run: Run) -> dict:
     return {"seed": run.seed, "workdir": run.workdir, "step": saved["step"],
             "loss": {str(t): saved[str(t)]["loss"] for t in run.seq_lens},
             "eval_curve": curve("eval/loss"), "train_curve": curve("loss")}  # fmt: skip
-
-
-def summarize(report: dict) -> list[dict]:
-    """Rows sorted by our rank: mean/std per length, our rank, the article's loss/rank."""
-    rows = [{"name": name, "overrides": row["overrides"],
-             "stats": {t: mean_std([r["loss"][t] for r in row["runs"]])
-                       for t in report["seq_lens"]}}
-            for name, row in report["rows"].items()]  # fmt: skip
-    t = report["seq_lens"][0]
-    ours = ranks({r["name"]: r["stats"][t][0] for r in rows})
-    article = {k: v for k, v in (report["article_loss"] or {}).items() if k in ours}
-    theirs = ranks(article) if article else {}
-    for r in rows:
-        r.update(rank=ours[r["name"]], article=article.get(r["name"]),
-                 article_rank=theirs.get(r["name"]))  # fmt: skip
-    return sorted(rows, key=lambda r: r["rank"])
-
-
-def render_markdown(report: dict) -> str:
-    """The results page: header, table, Kendall tau, which adjacent gaps are resolved."""
-    rows, lens, article = summarize(report), report["seq_lens"], report["article_loss"]
-    t, n_seeds = lens[0], len(report["seeds"])
-    settings = ", ".join(f"{k}={v}" for k, v in report["settings"].items())
-    out = [f"# Sweep: {report['config']}", "", *([report["title"], ""] if report["title"] else []),
-           f"Command: `{report['command']}`", "",
-           f"Date: {report['date']}; jax {report['jax']}; device: {report['device']}.", "",
-           f"Settings: {settings}; seeds: {', '.join(map(str, report['seeds']))}.", ""]  # fmt: skip
-    sites_only = lambda over: set(over) == {"model.rope.sites"}
-    what = "sites" if all(sites_only(r["overrides"]) for r in rows) else "sites or overrides"
-    head = ["row", what, f"loss @{t} (T) mean ± std"]
-    head += [f"loss @{s} ({int(s) // int(t)}T)" for s in lens[1:]] + ["rank"]
-    head += ["article loss", "article rank"] if article else []
-    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        mean, std = r["stats"][t]
-        what = ", ".join(f"`{k}={v}`" for k, v in r["overrides"].items()) or "(base)"
-        if sites_only(r["overrides"]):
-            what = f"`{r['overrides']['model.rope.sites']}`".replace("``", "NoPE")
-        cells = [r["name"], what, f"{mean:.4f} ± " + ("n/a" if std is None else f"{std:.4f}")]
-        cells += [f"{r['stats'][s][0]:.4f}" for s in lens[1:]] + [str(r["rank"])]
-        if article:
-            has = r["article"] is not None
-            cells += [f"{r['article']:.3f}" if has else "—", str(r["article_rank"] or "—")]
-        out.append("| " + " | ".join(cells) + " |")
-    step = report["rows"][rows[0]["name"]]["runs"][0]["step"]
-    spread = (f"± sample std (ddof=1) over {n_seeds} seeds" if n_seeds > 1 else
-              "one seed, so std is n/a and no gap can be judged against seed noise")  # fmt: skip
-    out += ["", f"Loss: held-out `{report['eval_split']}` cross-entropy (nats/token) after step "
-            f"{step}, mean {spread}. T = {t} is the training context; longer contexts measure "
-            "extrapolation. Rank 1 = lowest loss @T."]  # fmt: skip
-    if article:
-        tau, p, n = kendall({r["name"]: r["stats"][t][0] for r in rows}, article)
-        value = "n/a" if tau is None else f"{tau:.3f} (p = {'n/a' if p is None else f'{p:.3g}'})"
-        out += ["", f"Kendall tau between our mean loss @T and the article's loss, over the {n} "
-                f"rows in both: {value}. Article ranks are among the rows shown; its losses are "
-                "for ~1B models, so compare orderings, not values."]  # fmt: skip
-    pairs = resolved_pairs({r["name"]: r["stats"][t][0] for r in rows},
-                           {r["name"]: r["stats"][t][1] for r in rows})  # fmt: skip
-    if pairs:
-        out += ["", "Adjacent pairs of our ranking (resolved: gap > sqrt(std_a² + std_b²)):"]
-    for q in pairs:
-        verdict = ("n/a (one seed)" if q["resolved"] is None else
-                   f"{'resolved' if q['resolved'] else 'within seed noise'} "
-                   f"(noise {q['noise']:.4f})")  # fmt: skip
-        out.append(f"- {q['better']} < {q['worse']}: gap {q['gap']:.4f}, {verdict}")
-    return "\n".join(out) + "\n"
-
-
-def plot(report: dict, path: str) -> None:
-    """Left: mean loss @T with std bars, sorted; right: validation curves (mean over seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows, t = summarize(report), report["seq_lens"][0]
-    fig, (bars, curves) = plt.subplots(1, 2, figsize=(12, 4.5))
-    means, errs = [r["stats"][t][0] for r in rows], [r["stats"][t][1] or 0.0 for r in rows]
-    bars.bar([r["name"] for r in rows], means, yerr=errs, capsize=4, color="tab:blue")
-    low = min(m - e for m, e in zip(means, errs, strict=True))
-    high = max(m + e for m, e in zip(means, errs, strict=True))
-    pad = max(high - low, 1e-3) * 0.5  # zoom in: the differences are small
-    bars.set(ylim=(low - pad, high + pad), ylabel=f"held-out loss @T={t} (nats/token)",
-             title=f"mean ± std over {len(report['seeds'])} seed(s)")  # fmt: skip
-    bars.tick_params(axis="x", labelrotation=30, labelsize=8)
-    for r in rows:
-        runs = [dict(run["eval_curve"]) for run in report["rows"][r["name"]]["runs"]]
-        steps = sorted(set.intersection(*(set(c) for c in runs)))
-        vals = [sum(c[s] for c in runs) / len(runs) for s in steps]
-        curves.plot(steps, vals, marker=".", label=r["name"])
-    curves.set(xlabel="step", ylabel="validation loss (mean over seeds)",
-               title="validation loss during training")  # fmt: skip
-    curves.legend(fontsize=8)
-    fig.suptitle(report["config"])
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def write_report(runs: list[Run], context: dict, argv, results: str) -> dict:
