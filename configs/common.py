@@ -77,6 +77,11 @@ def base_config(size: str) -> ml_collections.ConfigDict:
     c.model.patch_dim = 0  # input width of visual patch vectors; 0 = text only
     c.model.remat = "block" if size == "1b" else "none"  # none | block (recompute in backward)
 
+    c.model.attention = ml_collections.ConfigDict()
+    # kv = "separate" (default): own key and value projections. "tied": one latent per kv
+    # head is rotated once and serves as key and value (half the cache; needs sites qkvo).
+    c.model.attention.kv = "separate"
+
     c.model.rope = ml_collections.ConfigDict()
     c.model.rope.sites = "qk"  # rotated sites, a subset of "qkvo"; "" = NoPE
     c.model.rope.base = 10000.0  # frequency base

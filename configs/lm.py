@@ -3,7 +3,7 @@
   python train.py --config=configs/lm.py:size=tiny,row=vo --workdir=runs/vo
   python -m rope_jax.sweep --config=configs/lm.py:size=tiny --workdir=runs/vo_ablation
 
-Arg keys: size (tiny | small | 1b), row (a key of ROWS), data (shakespeare |
+Arg keys: size (tiny | small | 1b), row (a key of ROWS or EXTRA_ROWS), data (shakespeare |
 python_stdlib | any TFDS text dataset name), steps (0 = the preset's num_steps).
 """
 
@@ -26,6 +26,27 @@ ROWS = {
     "qkvo": "qkvo",
 }
 
+# Tied key/value ablation (SPEC.md section 2): row -> (size preset -> dotted overrides),
+# after ROWS. The matched widths depend on the preset `p`:
+#   tied_qkvo           one latent per kv head, rotated once, is key and value (qkvo).
+#   separate_qk_params  standard qk at tied_qkvo's parameter count: tying drops D*K*H
+#                       weights per layer and SwiGLU holds 3*D per unit of mlp_dim, so
+#                       mlp_dim shrinks by round(K*H/3) (totals match within 0.1%).
+#   separate_qk_cache   standard qk at tied_qkvo's cache bytes per token: half the kv heads.
+EXTRA_ROWS = {
+    "tied_qkvo": lambda p: {"model.attention.kv": "tied", "model.rope.sites": "qkvo"},
+    "separate_qk_params": lambda p: {
+        "model.attention.kv": "separate",
+        "model.rope.sites": "qk",
+        "model.mlp_dim": p["mlp_dim"] - round(p["num_kv_heads"] * p["head_dim"] / 3),
+    },
+    "separate_qk_cache": lambda p: {
+        "model.attention.kv": "separate",
+        "model.rope.sites": "qk",
+        "model.num_kv_heads": _half(p["num_kv_heads"]),
+    },
+}
+
 # The article's table, for the sweep report (row -> loss).
 ARTICLE_LOSS = {
     "qk": 2.712,
@@ -40,19 +61,52 @@ ARTICLE_LOSS = {
 }
 
 
+def _half(num_kv_heads: int) -> int:
+    if num_kv_heads % 2:
+        raise ValueError(f"num_kv_heads={num_kv_heads} is odd: separate_qk_cache halves it")
+    return num_kv_heads // 2
+
+
+def row_overrides(row: str, size: str = "tiny") -> dict:
+    """Dotted config overrides of ablation `row` at size preset `size`."""
+    if row in ROWS:
+        return {"model.rope.sites": ROWS[row]}
+    if row in EXTRA_ROWS:
+        return EXTRA_ROWS[row](common.size_preset(size))
+    raise ValueError(f"row={row!r} is not one of {', '.join([*ROWS, *EXTRA_ROWS])}")
+
+
+def _set(config, dotted: str, value) -> None:
+    *parents, leaf = dotted.split(".")
+    node = config
+    for name in parents:
+        node = node[name]
+    node[leaf] = value
+
+
+# The size of the last get_config call: sweep(add) sizes the matched rows with it, since
+# the sweep tool builds its base config with get_config(arg) before calling sweep(add).
+_last_size = {"size": "tiny"}
+
+
 def get_config(arg: str | None = None):
     arg = common.parse_arg(arg, size="tiny", row="qk", data="shakespeare", steps=0)
-    if arg.row not in ROWS:
-        raise ValueError(f"row={arg.row!r} is not one of {', '.join(ROWS)}")
+    overrides = row_overrides(arg.row, arg.size)
     config = common.base_config(arg.size)
-    config.model.rope.sites = ROWS[arg.row]
+    _last_size["size"] = arg.size
+    for dotted, value in overrides.items():
+        _set(config, dotted, value)
     config.data.name = arg.data
     if arg.steps:
         config.train.num_steps = arg.steps
     return config
 
 
-def sweep(add):
-    """One run per ablation row; the sweep tool adds seeds."""
-    for row, sites in ROWS.items():
-        add(name=row, **{"model.rope.sites": sites})
+def sweep(add, size: str | None = None):
+    """One run per ablation row (ROWS, then EXTRA_ROWS); the sweep tool adds seeds.
+
+    `size` sizes the matched rows; None = the size of the last get_config call.
+    """
+    size = size or _last_size["size"]
+    for row in [*ROWS, *EXTRA_ROWS]:
+        add(name=row, **row_overrides(row, size))

@@ -1,7 +1,8 @@
 """rope_jax: rotary position encodings in JAX.
 
-Public modules: `rotary` (the rotation ops) and `layouts` (position ids for
-interleaved text / image / video sequences).
+Public modules: `rotary` (the rotation ops), `layouts` (position ids for
+interleaved text / image / video sequences), `recurrence` (VO-RoPE with decaying
+weights as a linear RNN) and `generate` (decoding with a key/value cache).
 """
 
 __version__ = "0.1.0"

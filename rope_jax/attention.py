@@ -8,6 +8,11 @@ SPEC.md section 2. With positions p_i (queries) and p_j (keys):
 `sites` is a string subset of "qkvo" ("" = NoPE). Every rotation goes through
 `rotary.rotate`; this module only decides where it is applied.
 
+Tied key/value (`kv="tied"`, MLA-style cache): one latent c_j per token and kv head is
+rotated once, c_j -> R_j c_j, and serves as both key and value; the output is rotated
+back with R_i^T, so o_i = sum_j a_ij R_{j-i} c_j with a_ij from <R_i q_i, R_j c_j>
+(relative). A cache then holds only the rotated c: half the bytes of separate k and v.
+
 Shape legend:
   B batch, T query positions, S key positions, N query heads, K kv heads,
   G = N / K query heads per kv head, H head dim, D model dim, A position axes.
@@ -27,11 +32,10 @@ SITES = "qkvo"
 ROPE_KEYS = ("base", "ladder", "layout", "allocation", "sections")
 
 # How keys and values are produced. "separate": their own projections (standard).
-# Planned: "tied", one latent c_j = x_j W_c per token serving as both key and value
-# (MLA-style cache, SPEC.md section 2): rotate c_j once with R_j, use it for scores and
-# values, rotate the output back with R_i^T. It slots into `Attention.__init__` (one
-# projection instead of k_proj/v_proj) and `Attention.__call__` (k = v = c).
-KV_MODES = ("separate",)
+# "tied": one latent c_j = x_j W_c per kv head serves as both key and value (SPEC.md
+# section 2); it needs every site ("qkvo"): c rotated once, the output rotated back.
+KV_MODES = ("separate", "tied")
+TIED_SITES = "qkvo"
 
 
 def check_sites(sites: Any, field: str = "sites") -> str:
@@ -76,7 +80,9 @@ def attend(
       q: [B, T, N, H] queries.
       k, v: [B, S, K, H] keys and values; N % K == 0, head n uses kv head n // (N / K).
       q_positions: [B, T, A] (or [B, T]) query positions, int or float.
-      k_positions: [B, S, A] (or [B, S]) key positions.
+      k_positions: [B, S, A] (or [B, S]) key positions; unused (may be None) when
+        sites has neither "k" nor "v", e.g. keys and values read from a decoding cache,
+        which stores them already rotated.
       sites: subset of "qkvo" ("" = NoPE).
       rope: rotation kwargs for `rotary.rotate` (base, ladder, layout, allocation,
         sections); extra keys (sites, num_axes, scheme) are ignored.
@@ -88,11 +94,7 @@ def attend(
       [B, T, N, H] in q's dtype. Scores and softmax are float32.
     """
     check_sites(sites)
-    (b, t, n, h), s, kh = q.shape, k.shape[1], k.shape[2]
-    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != h:
-        raise ValueError(f"q {q.shape}, k {k.shape}, v {v.shape} do not fit [B,T,N,H] [B,S,K,H]")
-    if n % kh:
-        raise ValueError(f"num_heads={n} is not divisible by num_kv_heads={kh}")
+    _check_shapes(q, k, v)
     kw = rope_kwargs(rope)
     rot = lambda x, p, inverse=False: rotary.rotate(x, p, inverse=inverse, **kw)
     if "q" in sites:
@@ -102,6 +104,56 @@ def attend(
     if "v" in sites:
         v = rot(v, k_positions)  # values rotate with their key's position
 
+    o = _softmax_mix(q, k, v, mask=mask, causal=causal, scale=scale)  # float32
+    if "o" in sites:
+        o = rot(o, q_positions, inverse=True)  # o_i -> R_i^T o_i at the query position
+    return o.astype(q.dtype)
+
+
+def attend_tied(
+    q,
+    c,
+    *,
+    q_positions,
+    k_positions,
+    rope: Any,
+    mask=None,
+    causal: bool = False,
+    scale: float | None = None,
+) -> jax.Array:
+    """Attention with one latent per key serving as key and value (sites "qkvo" implied).
+
+    c_j is rotated once, c_j -> R_j c_j, and used for both the scores and the values;
+    queries q_i -> R_i q_i; the output o_i -> R_i^T o_i. Equals `attend(q, c, c,
+    sites="qkvo")`, with one rotation of c instead of two.
+
+    Args:
+      q: [B, T, N, H] queries.
+      c: [B, S, K, H] key/value latents; N % K == 0.
+      q_positions, k_positions, rope, mask, causal, scale: as in `attend`.
+
+    Returns:
+      [B, T, N, H] in q's dtype.
+    """
+    _check_shapes(q, c, c)
+    kw = rope_kwargs(rope)
+    q = rotary.rotate(q, q_positions, **kw)
+    c = rotary.rotate(c, k_positions, **kw)  # once: the key and the value
+    o = _softmax_mix(q, c, c, mask=mask, causal=causal, scale=scale)
+    return rotary.rotate(o, q_positions, inverse=True, **kw).astype(q.dtype)
+
+
+def _check_shapes(q, k, v) -> None:
+    (b, _, n, h), kh = q.shape, k.shape[2]
+    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != h:
+        raise ValueError(f"q {q.shape}, k {k.shape}, v {v.shape} do not fit [B,T,N,H] [B,S,K,H]")
+    if n % kh:
+        raise ValueError(f"num_heads={n} is not divisible by num_kv_heads={kh}")
+
+
+def _softmax_mix(q, k, v, *, mask, causal: bool, scale: float | None) -> jax.Array:
+    """sum_s softmax_s(q . k_s * scale) v_s for GQA heads; float32 [B, T, N, H]."""
+    (b, t, n, h), s, kh = q.shape, k.shape[1], k.shape[2]
     scale = h**-0.5 if scale is None else scale
     qg = q.reshape(b, t, kh, n // kh, h)  # [B, T, K, G, H]: head n = k * G + g
     logits = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k, preferred_element_type=jnp.float32)
@@ -110,12 +162,9 @@ def attend(
     if keep is not None:
         logits = jnp.where(keep, logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1).reshape(b, kh, n // kh, t, s)
-    o = jnp.einsum(
+    return jnp.einsum(
         "BKGTS,BSKH->BTKGH", probs.astype(v.dtype), v, preferred_element_type=jnp.float32
     ).reshape(b, t, n, h)  # float32 until the final cast
-    if "o" in sites:
-        o = rot(o, q_positions, inverse=True)  # o_i -> R_i^T o_i at the query position
-    return o.astype(q.dtype)
 
 
 def _mask(mask, causal: bool, t: int, s: int):
@@ -148,7 +197,8 @@ class Attention(nnx.Module):
     """Causal GQA self-attention with rotation sites (no biases).
 
     Parameters (logical axes): q [D, N, H] (embed, heads, head_dim), k and v [D, K, H]
-    (embed, kv, head_dim), o [N, H, D] (heads, head_dim, embed).
+    (embed, kv, head_dim), o [N, H, D] (heads, head_dim, embed). With kv="tied" a single
+    kv [D, K, H] (embed, kv, head_dim) replaces k and v, and sites must be "qkvo".
     """
 
     def __init__(
@@ -166,8 +216,6 @@ class Attention(nnx.Module):
         out_scale: float = 1.0,
         rngs: nnx.Rngs,
     ):
-        if kv == "tied":
-            raise NotImplementedError("kv='tied' (shared key/value latent) is not implemented yet")
         if kv not in KV_MODES:
             raise ValueError(f"kv={kv!r} is not one of {', '.join(map(repr, KV_MODES))}")
         if num_heads % num_kv_heads:
@@ -175,14 +223,22 @@ class Attention(nnx.Module):
                 f"num_heads={num_heads} is not divisible by num_kv_heads={num_kv_heads}"
             )
         self.sites = check_sites(sites)
+        if kv == "tied" and sorted(sites) != sorted(TIED_SITES):
+            raise ValueError(
+                f"kv='tied' needs sites={TIED_SITES!r} (the latent is rotated once as key "
+                f"and value, the output rotated back), got sites={sites!r}"
+            )
         self.rope = rope_kwargs(rope)
         self.kv = kv
         self.dtype = dtype
         d, n, kh, h = embed_dim, num_heads, num_kv_heads, head_dim
         p = dict(dtype=param_dtype, fan_in=d)
         self.q_proj = dense_param(rngs, (d, n, h), ("embed", "heads", "head_dim"), **p)
-        self.k_proj = dense_param(rngs, (d, kh, h), ("embed", "kv", "head_dim"), **p)
-        self.v_proj = dense_param(rngs, (d, kh, h), ("embed", "kv", "head_dim"), **p)
+        if kv == "tied":
+            self.kv_proj = dense_param(rngs, (d, kh, h), ("embed", "kv", "head_dim"), **p)
+        else:
+            self.k_proj = dense_param(rngs, (d, kh, h), ("embed", "kv", "head_dim"), **p)
+            self.v_proj = dense_param(rngs, (d, kh, h), ("embed", "kv", "head_dim"), **p)
         self.o_proj = dense_param(
             rngs,
             (n, h, d),
@@ -192,24 +248,82 @@ class Attention(nnx.Module):
             scale=out_scale,
         )
 
+    def _project(self, x):
+        """x [B, T, D] -> q [B, T, N, H] and k, v [B, T, K, H] (the same latent c if tied)."""
+        w = lambda p: p[...].astype(self.dtype)
+        q = jnp.einsum("BTD,DNH->BTNH", x, w(self.q_proj))
+        if self.kv == "tied":
+            k = v = jnp.einsum("BSD,DKH->BSKH", x, w(self.kv_proj))
+        else:
+            k = jnp.einsum("BSD,DKH->BSKH", x, w(self.k_proj))
+            v = jnp.einsum("BSD,DKH->BSKH", x, w(self.v_proj))
+        q = sharding.constrain(q, ("batch", "seq", "heads", "head_dim"))
+        k = sharding.constrain(k, ("batch", "seq", "kv", "head_dim"))
+        return q, k, (k if self.kv == "tied" else v)
+
     def __call__(self, x, positions, mask=None, *, causal: bool = True) -> jax.Array:
         """x [B, T, D], positions [B, T, A] -> [B, T, D] in the compute dtype."""
         x = x.astype(self.dtype)
-        w = lambda p: p[...].astype(self.dtype)
-        q = jnp.einsum("BTD,DNH->BTNH", x, w(self.q_proj))
-        k = jnp.einsum("BSD,DKH->BSKH", x, w(self.k_proj))
-        v = jnp.einsum("BSD,DKH->BSKH", x, w(self.v_proj))
-        q = sharding.constrain(q, ("batch", "seq", "heads", "head_dim"))
-        k = sharding.constrain(k, ("batch", "seq", "kv", "head_dim"))
+        q, k, v = self._project(x)
+        kw = dict(q_positions=positions, k_positions=positions, rope=self.rope, mask=mask)
+        if self.kv == "tied":
+            o = attend_tied(q, k, causal=causal, **kw)
+        else:
+            o = attend(q, k, v, sites=self.sites, causal=causal, **kw)
+        return jnp.einsum("BTNH,NHD->BTD", o, self.o_proj[...].astype(self.dtype))
+
+    # ------------------------------------------------------------ decoding cache
+
+    def init_cache(self, batch_size: int, max_len: int) -> dict:
+        """Empty cache of S = max_len slots: {"k", "v"} (separate) or {"c"} (tied) [B, S, K, H].
+
+        Entries are stored after their rotation (k if "k" in sites, v if "v" in sites,
+        c always when tied), in the compute dtype.
+        """
+        proj = self.kv_proj if self.kv == "tied" else self.k_proj
+        shape = (batch_size, max_len, *proj.shape[1:])
+        names = ("c",) if self.kv == "tied" else ("k", "v")
+        return {name: jnp.zeros(shape, self.dtype) for name in names}
+
+    def decode(self, x, positions, cache: dict, index) -> tuple[jax.Array, dict]:
+        """T new tokens written at cache slots index..index+T-1, attending to slots <= their own.
+
+        Args:
+          x: [B, T, D] (T = prompt length when prefilling, 1 per decoding step).
+          positions: [B, T, A] positions of the new tokens.
+          cache: from `init_cache` (or a previous `decode`), S slots.
+          index: int32 scalar, the number of slots already filled.
+
+        Returns:
+          ([B, T, D] output, the cache with the new rotated entries).
+        """
+        x = x.astype(self.dtype)
+        q, k, v = self._project(x)
+        rot = lambda y: rotary.rotate(y, positions, **self.rope)
+        at = (0, index, 0, 0)
+        if self.kv == "tied":
+            cache = {"c": jax.lax.dynamic_update_slice(cache["c"], rot(k), at)}
+            keys = values = cache["c"]
+            sites = "qo"
+        else:
+            k = rot(k) if "k" in self.sites else k
+            v = rot(v) if "v" in self.sites else v
+            cache = {
+                "k": jax.lax.dynamic_update_slice(cache["k"], k, at),
+                "v": jax.lax.dynamic_update_slice(cache["v"], v, at),
+            }
+            keys, values = cache["k"], cache["v"]
+            sites = "".join(site for site in self.sites if site in "qo")  # k, v: in the cache
+        t, s = x.shape[1], keys.shape[1]
+        keep = jnp.arange(s)[None, :] <= index + jnp.arange(t)[:, None]  # [T, S]
         o = attend(
             q,
-            k,
-            v,
+            keys,
+            values,
             q_positions=positions,
-            k_positions=positions,
-            sites=self.sites,
+            k_positions=None,  # keys and values are already rotated
+            sites=sites,
             rope=self.rope,
-            mask=mask,
-            causal=causal,
+            mask=keep[None, None],
         )
-        return jnp.einsum("BTNH,NHD->BTD", o, w(self.o_proj))
+        return jnp.einsum("BTNH,NHD->BTD", o, self.o_proj[...].astype(self.dtype)), cache

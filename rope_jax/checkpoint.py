@@ -62,9 +62,14 @@ def _tuples(tree):
     return tree
 
 
+# Model fields added after some runs were saved, with the value those runs used.
+_MODEL_DEFAULTS = {"attention": {"kv": "separate"}}
+
+
 def check_same_model(saved, config, *, where: str) -> None:
     """The model section decides parameter shapes: it must match to restore."""
-    old, new = saved.model.to_dict(), config.model.to_dict()
+    old = {**_MODEL_DEFAULTS, **saved.model.to_dict()}
+    new = {**_MODEL_DEFAULTS, **config.model.to_dict()}
     diffs = [
         f"model.{k}: {old.get(k)!r} -> {new.get(k)!r}"
         for k in sorted(set(old) | set(new))

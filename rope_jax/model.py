@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rope_jax import rotary, sharding
-from rope_jax.attention import Attention, check_sites, dense_param
+from rope_jax.attention import KV_MODES, TIED_SITES, Attention, check_sites, dense_param
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # Activation rematerialisation: "block" keeps only each block's input for the backward
@@ -62,6 +62,14 @@ def check_config(cfg) -> None:
         _fail("patch_dim", patch_dim, "must be a non-negative integer (0 = text only)")
     rope = cfg.rope
     check_sites(rope.sites, field="model.rope.sites")
+    kv = kv_mode(cfg)
+    _choice("attention.kv", kv, KV_MODES)
+    if kv == "tied" and sorted(rope.sites) != sorted(TIED_SITES):
+        raise ValueError(
+            f"model.attention.kv='tied' needs model.rope.sites={TIED_SITES!r} (one rotated "
+            f"latent is both key and value, the output is rotated back), got "
+            f"model.rope.sites={rope.sites!r}; use model.attention.kv='separate' for other sites"
+        )
     if not isinstance(rope.base, (int, float)) or not rope.base > 1:
         _fail("rope.base", rope.base, "must be a number > 1")
     _choice("rope.ladder", rope.ladder, rotary.LADDERS)
@@ -77,6 +85,19 @@ def check_config(cfg) -> None:
             _fail("rope.sections", sections, f"needs num_axes={num_axes} entries")
         if any(not isinstance(s, int) or s < 0 for s in sections) or sum(sections) != pairs:
             _fail("rope.sections", sections, f"must be non-negative and sum to head_dim/2={pairs}")
+
+
+def kv_mode(cfg) -> str:
+    """`model.attention.kv`; "separate" when the config predates the field."""
+    attention = cfg.get("attention") or {}
+    return attention.get("kv", "separate")
+
+
+def kv_cache_bytes_per_token(cfg) -> int:
+    """Decoding cache per token: layers x K x H x (2 separate k, v | 1 tied c) x dtype bytes."""
+    per_head = 1 if kv_mode(cfg) == "tied" else 2
+    itemsize = jnp.dtype(DTYPES[cfg.dtype]).itemsize  # the cache holds compute-dtype arrays
+    return cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * per_head * itemsize
 
 
 class RMSNorm(nnx.Module):
@@ -128,6 +149,7 @@ class Block(nnx.Module):
             cfg.head_dim,
             sites=cfg.rope.sites,
             rope=cfg.rope,
+            kv=kv_mode(cfg),
             dtype=dtype,
             param_dtype=param_dtype,
             out_scale=out_scale,
@@ -147,6 +169,13 @@ class Block(nnx.Module):
         x = x + self.attn(self.attn_norm(x), positions)
         x = x + self.mlp(self.mlp_norm(x))
         return sharding.constrain(x, ("batch", "seq", "embed"))
+
+    def decode(self, x, positions, cache: dict, index) -> tuple[jax.Array, dict]:
+        """`__call__` for new tokens against a layer cache (`Attention.decode`)."""
+        y, cache = self.attn.decode(self.attn_norm(x), positions, cache, index)
+        x = x + y
+        x = x + self.mlp(self.mlp_norm(x))
+        return sharding.constrain(x, ("batch", "seq", "embed")), cache
 
 
 class Decoder(nnx.Module):
@@ -197,6 +226,15 @@ class Decoder(nnx.Module):
             positions = jnp.broadcast_to(
                 jnp.arange(t, dtype=jnp.float32)[None, :, None], (b, t, self.num_axes)
             )
+        x = self._embed(tokens, positions, patches, is_patch)
+        call = nnx.remat(Block.__call__) if self.remat == "block" else Block.__call__
+        for block in self.blocks:
+            x = call(block, x, positions)
+        return self._logits(x)
+
+    def _embed(self, tokens, positions, patches, is_patch) -> jax.Array:
+        """Checks shapes; token (or patch) vectors [B, T, D] in the compute dtype."""
+        b, t = tokens.shape
         if positions.shape != (b, t, self.num_axes):
             raise ValueError(
                 f"positions have shape {positions.shape}: "
@@ -214,10 +252,9 @@ class Decoder(nnx.Module):
                 )
             px = patches.astype(self.dtype) @ self.patch_embed[...].astype(self.dtype)
             x = jnp.where(is_patch[..., None], px, x)
-        x = sharding.constrain(x, ("batch", "seq", "embed"))
-        call = nnx.remat(Block.__call__) if self.remat == "block" else Block.__call__
-        for block in self.blocks:
-            x = call(block, x, positions)
+        return sharding.constrain(x, ("batch", "seq", "embed"))
+
+    def _logits(self, x) -> jax.Array:
         x = self.norm(x)
         logits = jnp.einsum(
             "BTD,DV->BTV",
@@ -226,6 +263,42 @@ class Decoder(nnx.Module):
             preferred_element_type=jnp.float32,
         )
         return sharding.constrain(logits, ("batch", "seq", "vocab"))
+
+    # ------------------------------------------------------------ decoding cache
+
+    def init_cache(self, batch_size: int, max_len: int) -> dict:
+        """Empty decoding cache for `max_len` tokens: {"index": int32 0, "layers": [...]}.
+
+        Each layer holds its keys/values after rotation (`Attention.init_cache`):
+        `kv_cache_bytes_per_token(cfg) * max_len` bytes per sequence.
+        """
+        layers = [block.attn.init_cache(batch_size, max_len) for block in self.blocks]
+        return {"index": jnp.zeros((), jnp.int32), "layers": layers}
+
+    def decode(
+        self, tokens, positions, cache: dict, *, patches=None, is_patch=None
+    ) -> tuple[jax.Array, dict]:
+        """Logits of T new tokens that follow the cached ones, and the updated cache.
+
+        Prefill with the whole prompt, then call once per generated token (T = 1); the
+        logits equal those of one `__call__` over the whole sequence (float tolerance).
+
+        Args:
+          tokens: int [B, T].
+          positions: [B, T, A] positions of the new tokens (text continues at
+            `layouts.next_position`, not at the token count, after visual segments).
+          cache: from `init_cache` or a previous `decode`; index + T <= its length.
+          patches, is_patch: as in `__call__`.
+
+        Returns:
+          (float32 [B, T, V], cache with index advanced by T).
+        """
+        x = self._embed(tokens, positions, patches, is_patch)
+        index, layers = cache["index"], []
+        for block, layer_cache in zip(self.blocks, cache["layers"], strict=True):
+            x, layer_cache = block.decode(x, positions, layer_cache, index)
+            layers.append(layer_cache)
+        return self._logits(x), {"index": index + tokens.shape[1], "layers": layers}
 
 
 def count_params(model: nnx.Module) -> int:

@@ -192,5 +192,69 @@ def test_module_matches_function():
     ref = ref_attend(q, k, v, pos, pos, "vo", rope, causal_keep(T, T))
     ref = np.einsum("btnh,nhd->btd", ref, np.asarray(layer.o_proj[...], np.float64))
     np.testing.assert_allclose(np.asarray(layer(x, pos)), ref, atol=1e-4, rtol=1e-4)
-    with pytest.raises(NotImplementedError, match="tied"):
-        attention.Attention(16, N, K, H, sites="", rope=rope, kv="tied", rngs=nnx.Rngs(0))
+
+
+# ------------------------------------------------------------------ tied key/value
+
+
+@pytest.mark.parametrize("rope_id", list(ROPES))
+def test_tied_equals_attend_with_k_equal_v(rope_id):
+    """attend_tied(q, c) == attend(q, c, c, sites="qkvo") == the float64 reference."""
+    num_axes, rope = ROPES[rope_id]
+    q, c, _, qpos, kpos = inputs(20 + list(ROPES).index(rope_id), num_axes)
+    kw = dict(q_positions=qpos, k_positions=kpos, rope=rope, causal=True)
+    tied = jax.jit(functools.partial(attention.attend_tied, **kw))(q, c)
+    both = attention.attend(q, c, c, sites="qkvo", **kw)
+    np.testing.assert_allclose(np.asarray(tied), np.asarray(both), atol=1e-6)
+    ref = ref_attend(q, c, c, qpos, kpos, "qkvo", rope, causal_keep(T, T))
+    np.testing.assert_allclose(np.asarray(tied), ref, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("rope_id", ["A1-half", "A3-sections-interleaved"])
+def test_tied_is_relative(rope_id):
+    """SPEC 2 identity 1 for the tied cache: shifting every position leaves the output."""
+    num_axes, rope = ROPES[rope_id]
+    q, c, _, qpos, kpos = inputs(21, num_axes)
+    shift = np.asarray([-7.3, 12.5, 4.25][:num_axes], np.float32)
+    kw = dict(rope=rope, causal=True)
+    out = attention.attend_tied(q, c, q_positions=qpos, k_positions=kpos, **kw)
+    moved = attention.attend_tied(q, c, q_positions=qpos + shift, k_positions=kpos + shift, **kw)
+    np.testing.assert_allclose(np.asarray(moved), np.asarray(out), atol=1e-4)
+
+
+def tied_and_separate(num_heads, num_kv_heads, rope, seed=0):
+    """A tied layer and a separate qkvo layer whose k and v weights are both its kv weight."""
+    kw = dict(sites="qkvo", rope=rope, rngs=nnx.Rngs(seed))
+    tied = attention.Attention(16, num_heads, num_kv_heads, H, kv="tied", **kw)
+    sep = attention.Attention(16, num_heads, num_kv_heads, H, **kw)
+    sep.q_proj[...] = tied.q_proj[...]
+    sep.k_proj[...] = tied.kv_proj[...]
+    sep.v_proj[...] = tied.kv_proj[...]
+    sep.o_proj[...] = tied.o_proj[...]
+    return tied, sep
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 2), (4, 1), (4, 4)])
+@pytest.mark.parametrize("rope_id", ["A1-half", "A3-sections-interleaved"])
+def test_tied_layer_equals_separate_layer_with_tied_weights(rope_id, num_heads, num_kv_heads):
+    num_axes, rope = ROPES[rope_id]
+    tied, sep = tied_and_separate(num_heads, num_kv_heads, rope)
+    rng = np.random.default_rng(22)
+    x = rng.normal(size=(B, T, 16)).astype(np.float32)
+    pos = rng.uniform(0, 30, size=(B, T, num_axes)).astype(np.float32)
+    out = tied(x, pos)
+    assert out.shape == (B, T, 16)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(sep(x, pos)), atol=1e-6)
+    shift = np.float32(9.5)  # relative: the layer output ignores a common shift
+    np.testing.assert_allclose(np.asarray(tied(x, pos + shift)), np.asarray(out), atol=1e-4)
+    assert not hasattr(tied, "k_proj") and not hasattr(tied, "v_proj")
+    assert tied.kv_proj.shape == (16, num_kv_heads, H)
+
+
+@pytest.mark.parametrize("sites", ["", "qk", "vo", "qkv"])
+def test_tied_needs_every_site(sites):
+    with pytest.raises(ValueError, match=f"kv='tied' needs sites='qkvo'.*sites={sites!r}"):
+        attention.Attention(16, N, K, H, sites=sites, rope={}, kv="tied", rngs=nnx.Rngs(0))
+    attention.Attention(16, N, K, H, sites="okvq", rope={}, kv="tied", rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="kv='shared'"):
+        attention.Attention(16, N, K, H, sites="qkvo", rope={}, kv="shared", rngs=nnx.Rngs(0))

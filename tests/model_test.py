@@ -29,6 +29,7 @@ def tiny_cfg(**overrides):
             dtype="float32",
             param_dtype="float32",
             patch_dim=0,
+            attention=dict(kv="separate"),
             rope=dict(
                 sites="qk",
                 base=10000.0,
@@ -193,6 +194,7 @@ BAD_CONFIGS = [
     ({"mlp_dim": 0}, "model.mlp_dim=0"),
     ({"patch_dim": -2}, "model.patch_dim=-2"),
     ({"remat": "full"}, "model.remat='full'"),
+    ({"attention.kv": "shared"}, "model.attention.kv='shared'"),
 ]
 
 
@@ -210,6 +212,71 @@ def test_check_config_accepts_valid():
     model_lib.check_config(
         tiny_cfg(**{"rope.allocation": "sections", "rope.num_axes": 3, "rope.sections": (2, 1, 1)})
     )
+
+
+@pytest.mark.parametrize("sites", ["", "qk", "vo", "qkv", "kvo"])
+def test_tied_needs_qkvo_sites(sites):
+    cfg = tiny_cfg(**{"attention.kv": "tied", "rope.sites": sites})
+    message = f"model.attention.kv='tied' needs model.rope.sites='qkvo'.*model.rope.sites={sites!r}"
+    with pytest.raises(ValueError, match=message):
+        model_lib.check_config(cfg)
+    model_lib.check_config(tiny_cfg(**{"attention.kv": "tied", "rope.sites": "qkvo"}))
+
+
+def test_config_without_attention_field_is_separate():
+    """Configs saved before model.attention existed build the same separate-KV model."""
+    old = tiny_cfg()
+    del old["attention"]
+    assert model_lib.kv_mode(old) == "separate"
+    a = model_lib.Decoder(old, rngs=nnx.Rngs(0))(tokens())
+    b = model_lib.Decoder(tiny_cfg(), rngs=nnx.Rngs(0))(tokens())
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# ------------------------------------------------------------------ tied key/value
+
+
+def test_tied_model_params_cache_and_gradients():
+    sep_cfg = tiny_cfg(**{"rope.sites": "qkvo"})
+    tied_cfg = tiny_cfg(**{"attention.kv": "tied", "rope.sites": "qkvo"})
+    sep, tied = (model_lib.Decoder(c, rngs=nnx.Rngs(0)) for c in (sep_cfg, tied_cfg))
+    d, k, h, layers = 32, 2, 8, 2
+    assert model_lib.count_params(sep) - model_lib.count_params(tied) == layers * d * k * h
+    assert model_lib.kv_cache_bytes_per_token(sep_cfg) == layers * k * h * 2 * 4
+    assert model_lib.kv_cache_bytes_per_token(tied_cfg) == layers * k * h * 4
+    bf16 = tiny_cfg(dtype="bfloat16", **{"attention.kv": "tied", "rope.sites": "qkvo"})
+    assert model_lib.kv_cache_bytes_per_token(bf16) == layers * k * h * 2
+    x = tokens(7)
+
+    def loss(m):
+        return optax.softmax_cross_entropy_with_integer_labels(m(x[:, :-1]), x[:, 1:]).mean()
+
+    value, grads = nnx.value_and_grad(loss)(tied)
+    assert np.isfinite(float(value))
+    leaves = jax.tree.leaves(grads)
+    assert leaves and all(np.all(np.isfinite(g)) for g in leaves)
+    assert all(float(jnp.max(jnp.abs(g))) > 0 for g in leaves)  # every weight is used
+    names = {"/".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(tied, nnx.Param))}
+    assert "blocks/0/attn/kv_proj" in names and "blocks/0/attn/k_proj" not in names
+
+
+def test_tied_model_is_relative_and_equals_tied_weight_separate_model():
+    """Shifting every position leaves the logits; same as separate qkvo with W_k = W_v."""
+    cfg = tiny_cfg(**{"attention.kv": "tied", "rope.sites": "qkvo", "rope.num_axes": 2})
+    tied = model_lib.Decoder(cfg, rngs=nnx.Rngs(2))
+    sep = model_lib.Decoder(
+        tiny_cfg(**{"rope.sites": "qkvo", "rope.num_axes": 2}), rngs=nnx.Rngs(2)
+    )
+    flat = dict(nnx.to_flat_state(nnx.state(tied, nnx.Param)))
+    for path, var in nnx.to_flat_state(nnx.state(sep, nnx.Param)):
+        name = path[:-1] + ("kv_proj",) if path[-1] in ("k_proj", "v_proj") else path
+        var[...] = flat[name][...]
+    tok = tokens(8)
+    pos = jnp.asarray(np.random.default_rng(9).uniform(0, 20, size=(B, T, 2)), jnp.float32)
+    logits = tied(tok, pos)
+    np.testing.assert_allclose(np.asarray(sep(tok, pos)), np.asarray(logits), atol=1e-5)
+    shifted = tied(tok, pos + jnp.asarray([100.0, -37.5]))
+    np.testing.assert_allclose(np.asarray(shifted), np.asarray(logits), atol=2e-4)
 
 
 # ----------------------------------------------------------------------- training

@@ -164,6 +164,31 @@ def test_damaged_and_mismatched_checkpoints_give_one_clear_line(data_dir, tmp_pa
         eval_lib.evaluate_checkpoint(wrong, step=10, num_batches=1)
 
 
+def test_configs_saved_before_the_attention_field_still_match(data_dir):
+    config = tiny(data_dir)
+    old = config.copy_and_resolve_references()
+    del old.model["attention"]
+    checkpoint.check_same_model(old, config, where="config.json")  # kv defaults to separate
+    tied = tiny(data_dir, **{"model.attention.kv": "tied", "model.rope.sites": "qkvo"})
+    with pytest.raises(checkpoint.CheckpointError, match="model.attention"):
+        checkpoint.check_same_model(old, tied, where="config.json")
+
+
+def test_generate_from_a_tied_checkpoint_in_process_and_on_the_command_line(data_dir, tmp_path):
+    config = tiny(data_dir, **{"model.attention.kv": "tied", "model.rope.sites": "qkvo"})
+    train.train_and_evaluate(config, str(tmp_path))
+    text = eval_lib.generate_text(str(tmp_path), prompt="ROMEO:", max_new_tokens=12)
+    assert text.startswith("ROMEO:") and len(text) <= len("ROMEO:") + 12
+    kw = dict(prompt="ROMEO:", max_new_tokens=12, temperature=1.0)
+    sampled = eval_lib.generate_text(str(tmp_path), seed=3, **kw)
+    assert sampled == eval_lib.generate_text(str(tmp_path), seed=3, **kw)
+    cmd = [sys.executable, "eval.py", f"--workdir={tmp_path}", "--generate", "--prompt=ROMEO:",
+           "--max_new_tokens=12"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout == text + "\n"
+
+
 def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
     overrides = {"optim.name": "sgd", "optim.lr": 1e30, "optim.grad_clip_norm": 0.0,
                  "optim.warmup_steps": 0, "optim.schedule": "constant",

@@ -1,0 +1,77 @@
+"""Tests for configs/lm.py: every ablation row builds a valid config; matched tied rows."""
+
+import pytest
+from flax import nnx
+
+from configs import common, lm
+from rope_jax import model as model_lib
+from rope_jax import training
+
+ORIGINAL = ["nope", "q", "k", "v", "o", "qk", "vo", "qkv", "qkvo"]
+TIED = ["tied_qkvo", "separate_qk_params", "separate_qk_cache"]
+
+
+def num_params(config) -> int:
+    abstract = nnx.eval_shape(lambda: model_lib.Decoder(config.model, rngs=nnx.Rngs(0)))
+    return model_lib.count_params(abstract)
+
+
+@pytest.mark.parametrize("row", ORIGINAL + TIED)
+def test_every_row_is_a_valid_config(row):
+    config = lm.get_config(f"size=tiny,row={row}")
+    training.check_config(config)
+    expected_kv = "tied" if row == "tied_qkvo" else "separate"
+    assert config.model.attention.kv == expected_kv
+    if row in ORIGINAL:
+        assert config.model.rope.sites == lm.ROWS[row]
+        assert config.model.to_dict() == _with_sites(lm.ROWS[row])
+
+
+def _with_sites(sites):
+    model = common.base_config("tiny").model
+    model.rope.sites = sites
+    return model.to_dict()
+
+
+def test_unknown_row_names_the_choices():
+    with pytest.raises(ValueError, match="row='qq'.*tied_qkvo"):
+        lm.get_config("row=qq")
+
+
+def test_sweep_emits_original_rows_first_then_tied_rows():
+    rows = []
+    lm.sweep(lambda name, **overrides: rows.append((name, overrides)), size="tiny")
+    assert [name for name, _ in rows] == ORIGINAL + TIED
+    for name, overrides in rows[:9]:
+        assert overrides == {"model.rope.sites": lm.ROWS[name]}  # unchanged rows
+    assert rows[9][1] == {"model.attention.kv": "tied", "model.rope.sites": "qkvo"}
+
+
+@pytest.mark.parametrize("size", list(common.SIZES))
+def test_matched_rows_match_parameters_and_cache(size):
+    tied = lm.get_config(f"size={size},row=tied_qkvo")
+    params = lm.get_config(f"size={size},row=separate_qk_params")
+    cache = lm.get_config(f"size={size},row=separate_qk_cache")
+    base = lm.get_config(f"size={size},row=qk")
+    n_tied, n_params, n_base = num_params(tied), num_params(params), num_params(base)
+    assert n_tied < n_base
+    assert abs(n_params - n_tied) / n_tied < 0.01, (n_params, n_tied)
+    assert params.model.num_kv_heads == tied.model.num_kv_heads  # only the MLP changed
+    bytes_tied = model_lib.kv_cache_bytes_per_token(tied.model)
+    assert model_lib.kv_cache_bytes_per_token(cache.model) == bytes_tied
+    assert model_lib.kv_cache_bytes_per_token(base.model) == 2 * bytes_tied
+    for config in (tied, params, cache):
+        model_lib.check_config(config.model)
+
+
+@pytest.mark.parametrize("size", ["small", "tiny"])
+def test_sweep_sizes_matched_rows_like_the_last_get_config(size):
+    """The sweep tool calls get_config(arg) before sweep(add): rows follow its size."""
+    lm.get_config(f"size={size}")
+    rows = {}
+    lm.sweep(lambda name, **overrides: rows.update({name: overrides}))
+    expected = lm.get_config(f"size={size},row=separate_qk_params").model.mlp_dim
+    assert rows["separate_qk_params"]["model.mlp_dim"] == expected
+    assert (
+        rows["separate_qk_cache"]["model.num_kv_heads"] == common.SIZES[size]["num_kv_heads"] // 2
+    )

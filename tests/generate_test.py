@@ -1,0 +1,228 @@
+"""Tests for rope_jax.generate and the decoding cache: cached logits == one full pass."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+
+from rope_jax import generate, layouts
+from rope_jax import model as model_lib
+
+B, V = 2, 19
+ALL_SITES = ["".join(c) for r in range(5) for c in itertools.combinations("qkvo", r)]
+# Every separate site set, and the tied cache (which needs sites "qkvo").
+VARIANTS = [("separate", s) for s in ALL_SITES] + [("tied", "qkvo")]
+
+
+def cfg(kv="separate", sites="qk", **extra):
+    rope = dict(sites=sites, base=100.0, ladder="standard", layout="half",
+                allocation="interleaved", sections=(), num_axes=1, scheme="flat")  # fmt: skip
+    c = dict(vocab_size=V, num_layers=2, embed_dim=32, num_heads=4, num_kv_heads=2,
+             head_dim=8, mlp_dim=48, dtype="float32", param_dtype="float32", patch_dim=0,
+             attention=dict(kv=kv), rope=rope)  # fmt: skip
+    for key, value in extra.items():
+        *parents, leaf = key.split(".")
+        node = c
+        for name in parents:
+            node = node[name]
+        node[leaf] = value
+    return ml_collections.ConfigDict(c)
+
+
+def tokens(seed, t):
+    return jnp.asarray(np.random.default_rng(seed).integers(0, V, size=(B, t)), jnp.int32)
+
+
+def _decode(model, tok, pos, cache, patches=None, is_patch=None):
+    return model.decode(tok, pos, cache, patches=patches, is_patch=is_patch)
+
+
+def cached_logits(model, tok, pos, chunks, *, patches=None, is_patch=None):
+    """Logits [B, T, V] fed through the cache in `chunks` (lengths summing to T)."""
+    cache = model.init_cache(B, tok.shape[1] + 3)  # spare slots stay masked
+    out, start = [], 0
+    for n in chunks:
+        part = slice(start, start + n)
+        extra = {}
+        if patches is not None:
+            extra = dict(patches=patches[:, part], is_patch=is_patch[:, part])
+        logits, cache = _decode(model, tok[:, part], pos[:, part], cache, **extra)
+        out.append(logits)
+        start += n
+    assert int(cache["index"]) == tok.shape[1]
+    return jnp.concatenate(out, axis=1)
+
+
+def text_pos(t, num_axes=1):
+    return jnp.broadcast_to(jnp.arange(t, dtype=jnp.float32)[None, :, None], (B, t, num_axes))
+
+
+@pytest.mark.parametrize("kv,sites", VARIANTS, ids=[f"{k}-{s or 'nope'}" for k, s in VARIANTS])
+def test_prefill_then_decode_equals_full_forward(kv, sites):
+    model = model_lib.Decoder(cfg(kv, sites), rngs=nnx.Rngs(0))
+    tok = tokens(1, 10)
+    full = model(tok)
+    cached = cached_logits(model, tok, text_pos(10), [6, 1, 1, 1, 1])
+    np.testing.assert_allclose(np.asarray(cached), np.asarray(full), atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kv,sites", [("separate", "qk"), ("separate", "vo"), ("tied", "qkvo")])
+def test_cache_layout_and_chunked_prefill(kv, sites):
+    """The cache holds rotated k/v (or c) only; a prompt fed in chunks gives the same logits."""
+    config = cfg(kv, sites, **{"rope.num_axes": 2})
+    model = model_lib.Decoder(config, rngs=nnx.Rngs(1))
+    tok = tokens(2, 9)
+    pos = jnp.asarray(np.random.default_rng(3).uniform(0, 30, (B, 9, 2)), jnp.float32)
+    full = model(tok, pos)
+    cached = cached_logits(model, tok, pos, [4, 3, 2])
+    np.testing.assert_allclose(np.asarray(cached), np.asarray(full), atol=2e-5, rtol=1e-5)
+    cache = model.init_cache(B, 12)
+    names = {"tied": ["c"], "separate": ["k", "v"]}[kv]
+    assert all(sorted(layer) == names for layer in cache["layers"])
+    assert all(a.shape == (B, 12, 2, 8) for layer in cache["layers"] for a in layer.values())
+    nbytes = sum(a.nbytes for layer in cache["layers"] for a in layer.values())
+    assert nbytes == B * 12 * model_lib.kv_cache_bytes_per_token(config)
+
+
+def mm_model(kv="separate", sites="qkvo"):
+    rope = {"rope.num_axes": 3, "rope.allocation": "sections", "rope.sections": (1, 1, 2),
+            "rope.scheme": "rope_tv"}  # fmt: skip
+    config = cfg(kv, sites, patch_dim=6, **rope)
+    return model_lib.Decoder(config, rngs=nnx.Rngs(4))
+
+
+def mm_inputs(prompt, generated: int, seed=5):
+    """Tokens, patches, is_patch and rope_tv positions of `prompt` + Text(generated)."""
+    segments = [*prompt, layouts.Text(generated)]
+    t = layouts.num_tokens(segments)
+    pos = layouts.positions(segments, "rope_tv", 3)
+    is_patch = layouts.modality(segments) != layouts.TEXT
+    rng = np.random.default_rng(seed)
+    patches = rng.normal(size=(B, t, 6)).astype(np.float32)
+    return (tokens(seed, t), jnp.asarray(np.broadcast_to(pos, (B, t, 3))), jnp.asarray(patches),
+            jnp.asarray(np.broadcast_to(is_patch, (B, t))))  # fmt: skip
+
+
+PROMPTS = {
+    "text-image-text": [layouts.Text(3), layouts.Image(2, 3), layouts.Text(2)],
+    "text-video": [layouts.Text(2), layouts.Video(2, 2, 2)],  # ends with a patch
+}
+
+
+@pytest.mark.parametrize("kv,sites", [("separate", "qkvo"), ("separate", "qk"), ("tied", "qkvo")])
+@pytest.mark.parametrize("prompt_id", list(PROMPTS))
+def test_multimodal_prompt_then_text_decode(prompt_id, kv, sites):
+    """rope_tv on 3 axes, sections allocation: decoded text continues at next_position."""
+    prompt = PROMPTS[prompt_id]
+    model = mm_model(kv, sites)
+    tok, pos, patches, is_patch = mm_inputs(prompt, 4)
+    n = layouts.num_tokens(prompt)
+    start = layouts.next_position(prompt, "rope_tv", 3)
+    np.testing.assert_array_equal(
+        np.asarray(pos[:, n:]), generate.text_positions([start] * B, 4, 3)
+    )
+    if prompt_id == "text-video":
+        assert start != float(pos[0, n - 1].max()) + 1  # not "last position + 1"
+    full = model(tok, pos, patches=patches, is_patch=is_patch)
+    cached = cached_logits(model, tok, pos, [n, 1, 1, 1, 1], patches=patches, is_patch=is_patch)
+    np.testing.assert_allclose(np.asarray(cached), np.asarray(full), atol=2e-5, rtol=1e-5)
+
+
+@nnx.jit
+def _forward(model, tok, pos, patches=None, is_patch=None):
+    return model(tok, pos, patches=patches, is_patch=is_patch)
+
+
+def naive_greedy(model, tok, m, pos, **extra):
+    """Greedy decoding by re-running the full model; pos [B, T + m, A] covers every token.
+
+    The sequence is zero-padded to T + m (causal: padding never changes earlier logits),
+    so the full pass compiles once.
+    """
+    t = tok.shape[1]
+    tok = jnp.concatenate([tok, jnp.zeros((B, m), jnp.int32)], axis=1)
+    extra = {k: jnp.concatenate([v, jnp.zeros_like(v[:, :m])], axis=1) for k, v in extra.items()}
+    for i in range(t, t + m):
+        logits = _forward(model, tok, pos, **extra)
+        tok = tok.at[:, i].set(jnp.argmax(logits[:, i - 1], axis=-1).astype(jnp.int32))
+    return tok[:, t:]
+
+
+@pytest.mark.parametrize("kv,sites", [("separate", "qk"), ("separate", "vo"), ("tied", "qkvo")])
+def test_greedy_generate_equals_naive_greedy(kv, sites):
+    model = model_lib.Decoder(cfg(kv, sites), rngs=nnx.Rngs(6))
+    prompt = tokens(7, 5)
+    new = generate.generate(model, prompt, max_new_tokens=6)
+    assert new.shape == (B, 6) and new.dtype == jnp.int32
+    expected = naive_greedy(model, prompt, 6, text_pos(11))
+    np.testing.assert_array_equal(np.asarray(new), np.asarray(expected))
+    # explicit positions: shifted text positions give the same tokens (relative sites)
+    shifted = generate.generate(model, prompt, max_new_tokens=6, positions=text_pos(5) + 40.0)
+    np.testing.assert_array_equal(np.asarray(shifted), np.asarray(expected))
+
+
+def test_greedy_generate_after_a_visual_prompt_end():
+    prompt = PROMPTS["text-video"]
+    model = mm_model()
+    tok, pos, patches, is_patch = mm_inputs(prompt, 3)
+    n = layouts.num_tokens(prompt)
+    kw = dict(positions=pos[:, :n], patches=patches[:, :n], is_patch=is_patch[:, :n])
+    with pytest.raises(ValueError, match="next_position"):
+        generate.generate(model, tok[:, :n], max_new_tokens=3, **kw)
+    start = layouts.next_position(prompt, "rope_tv", 3)
+    new = generate.generate(model, tok[:, :n], max_new_tokens=3, next_position=start, **kw)
+
+    expected = naive_greedy(model, tok[:, :n], 3, pos, patches=kw["patches"],
+                            is_patch=kw["is_patch"])  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(new), np.asarray(expected))
+
+
+def test_sampling_is_seeded():
+    model = model_lib.Decoder(cfg(), rngs=nnx.Rngs(8))
+    prompt = tokens(9, 4)
+    kw = dict(max_new_tokens=16, temperature=1.0)
+    a = generate.generate(model, prompt, seed=1, **kw)
+    b = generate.generate(model, prompt, seed=1, **kw)
+    c = generate.generate(model, prompt, seed=2, **kw)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert not np.array_equal(np.asarray(a), np.asarray(c))
+    assert a.shape == (B, 16) and int(a.min()) >= 0 and int(a.max()) < V
+    # a tiny temperature is greedy
+    cold = generate.generate(model, prompt, max_new_tokens=16, temperature=1e-6, seed=3)
+    greedy = generate.generate(model, prompt, max_new_tokens=16)
+    np.testing.assert_array_equal(np.asarray(cold), np.asarray(greedy))
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(max_new_tokens=0), "max_new_tokens=0"),
+        (dict(max_new_tokens=2.5), "max_new_tokens=2.5"),
+        (dict(max_new_tokens=3, temperature=-1.0), "temperature=-1.0"),
+    ],
+)
+def test_bad_arguments_raise(kwargs, message):
+    model = model_lib.Decoder(cfg(), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=message):
+        generate.generate(model, tokens(0, 3), **kwargs)
+
+
+def test_jax_jit_of_decode_has_one_compile_per_shape():
+    """A decoding step is shape-stable: the cache length is fixed at init."""
+    model = model_lib.Decoder(cfg(), rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    calls = []
+
+    @jax.jit
+    def step(state, tok, pos, cache):
+        calls.append(1)
+        return nnx.merge(graphdef, state).decode(tok, pos, cache)
+
+    cache = model.init_cache(B, 8)
+    for k in range(4):
+        _, cache = step(state, tokens(k, 1), text_pos(1) + k, cache)
+    assert len(calls) == 1 and int(cache["index"]) == 4
