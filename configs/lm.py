@@ -84,16 +84,14 @@ def _set(config, dotted: str, value) -> None:
     node[leaf] = value
 
 
-# The size of the last get_config call: sweep(add) sizes the matched rows with it, since
-# the sweep tool builds its base config with get_config(arg) before calling sweep(add).
-_last_size = {"size": "tiny"}
+def _parse(arg: str | None):
+    return common.parse_arg(arg, size="tiny", row="qk", data="shakespeare", steps=0)
 
 
 def get_config(arg: str | None = None):
-    arg = common.parse_arg(arg, size="tiny", row="qk", data="shakespeare", steps=0)
+    arg = _parse(arg)
     overrides = row_overrides(arg.row, arg.size)
     config = common.base_config(arg.size)
-    _last_size["size"] = arg.size
     for dotted, value in overrides.items():
         _set(config, dotted, value)
     config.data.name = arg.data
@@ -102,11 +100,11 @@ def get_config(arg: str | None = None):
     return config
 
 
-def sweep(add, size: str | None = None):
+def sweep(add, arg: str | None = None):
     """One run per ablation row (ROWS, then EXTRA_ROWS); the sweep tool adds seeds.
 
-    `size` sizes the matched rows; None = the size of the last get_config call.
+    `arg` is the config arg (`size=small,...`): its size sizes the matched rows.
     """
-    size = size or _last_size["size"]
+    size = _parse(arg).size
     for row in [*ROWS, *EXTRA_ROWS]:
         add(name=row, **row_overrides(row, size))

@@ -20,6 +20,7 @@ import collections
 import datetime
 import difflib
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -142,7 +143,8 @@ def load_rows(path: str, arg: str):
                              "directory name")  # fmt: skip
         rows[name] = overrides
 
-    module.sweep(add)
+    takes_arg = "arg" in inspect.signature(module.sweep).parameters
+    module.sweep(add, arg=arg) if takes_arg else module.sweep(add)  # arg: the size etc.
     if not rows:
         raise SweepError(f"{path}: sweep(add) added no rows")
     return module, base, rows

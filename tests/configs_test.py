@@ -40,7 +40,7 @@ def test_unknown_row_names_the_choices():
 
 def test_sweep_emits_original_rows_first_then_tied_rows():
     rows = []
-    lm.sweep(lambda name, **overrides: rows.append((name, overrides)), size="tiny")
+    lm.sweep(lambda name, **overrides: rows.append((name, overrides)), arg="size=tiny")
     assert [name for name, _ in rows] == ORIGINAL + TIED
     for name, overrides in rows[:9]:
         assert overrides == {"model.rope.sites": lm.ROWS[name]}  # unchanged rows
@@ -65,11 +65,10 @@ def test_matched_rows_match_parameters_and_cache(size):
 
 
 @pytest.mark.parametrize("size", ["small", "tiny"])
-def test_sweep_sizes_matched_rows_like_the_last_get_config(size):
-    """The sweep tool calls get_config(arg) before sweep(add): rows follow its size."""
-    lm.get_config(f"size={size}")
+def test_sweep_sizes_matched_rows_from_its_arg(size):
+    """The sweep tool passes its config arg to sweep(add, arg=...): rows follow its size."""
     rows = {}
-    lm.sweep(lambda name, **overrides: rows.update({name: overrides}))
+    lm.sweep(lambda name, **overrides: rows.update({name: overrides}), arg=f"size={size}")
     expected = lm.get_config(f"size={size},row=separate_qk_params").model.mlp_dim
     assert rows["separate_qk_params"]["model.mlp_dim"] == expected
     assert (

@@ -13,6 +13,7 @@ import jax
 import pytest
 from ml_collections.config_flags import tuple_parser
 
+from configs import common
 from rope_jax import sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -262,3 +263,10 @@ def test_an_interrupted_run_alone_is_redone_and_resumes(swept, tmp_path, capsys,
     new = json.loads((victim / "eval_10.json").read_text())
     old = json.loads((swept["workdir"] / "vo" / "seed_1" / "eval_10.json").read_text())
     assert math.isclose(new["32"]["loss"], old["32"]["loss"], rel_tol=1e-5)  # same run
+
+
+def test_the_config_arg_reaches_sweep_so_matched_rows_follow_the_size():
+    _, _, rows = sweep.load_rows(os.path.join(ROOT, "configs", "lm.py"), "size=small")
+    small = common.SIZES["small"]
+    assert rows["separate_qk_cache"]["model.num_kv_heads"] == small["num_kv_heads"] // 2
+    assert rows["separate_qk_params"]["model.mlp_dim"] < small["mlp_dim"]
