@@ -181,9 +181,10 @@ def plan(args) -> tuple[list[Run], dict]:
         mults = [int(m) for m in args.extrapolate.split(",") if m.strip()]
     except ValueError:
         raise SweepError(f"--extrapolate={args.extrapolate!r} is not integers like 2,4") from None
-    from rope_jax import training  # imports jax: only once the cheap checks have passed
+    from rope_jax import model, training  # imports jax: only once the cheap checks passed
 
     config_arg, runs = os.path.abspath(path) + (f":{arg}" if arg else ""), []
+    kv_bytes = {}
     for row, overrides in rows.items():
         config = base.copy_and_resolve_references()
         apply(config, overrides, f"{path}: row {row}")
@@ -191,6 +192,7 @@ def plan(args) -> tuple[list[Run], dict]:
             training.check_config(config)
         except ValueError as e:
             raise SweepError(f"row {row}: {e}") from None
+        kv_bytes[row] = model.kv_cache_bytes_per_token(config.model)
         t = int(config.data.seq_len)
         lens = [t, *sorted({t * m for m in mults if m > 1})]
         flags = [f"--config.{k}={flag_value(v)}" for k, v in {**sets, **overrides}.items()]
@@ -206,7 +208,7 @@ def plan(args) -> tuple[list[Run], dict]:
         "overrides": {r: {k: flag_value(v) for k, v in o.items()} for r, o in rows.items()},
         "settings": {k: fields[k] for k in SETTINGS if k in fields},
         "article_loss": getattr(module, "ARTICLE_LOSS", None), "seeds": list(range(args.seeds)),
-        "eval_split": fields.get("data.eval_split", "validation"),
+        "eval_split": fields.get("data.eval_split", "validation"), "kv_bytes": kv_bytes,
     }  # fmt: skip
 
 

@@ -75,6 +75,10 @@ def render_markdown(report: dict) -> str:
     what = "sites" if all(sites_only(r["overrides"]) for r in rows) else "sites or overrides"
     head = ["row", what, f"loss @{t} (T) mean ± std"]
     head += [f"loss @{s} ({int(s) // int(t)}T)" for s in lens[1:]] + ["rank"]
+    # KV-cache bytes per token, shown when rows differ in it (tied vs separate K/V, ...).
+    kv = report.get("kv_bytes") or {}
+    kv = kv if len({kv.get(r["name"]) for r in rows}) > 1 else {}
+    head += ["KV cache B/token"] if kv else []
     head += ["article loss", "article rank"] if article else []
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -84,6 +88,7 @@ def render_markdown(report: dict) -> str:
             what = f"`{r['overrides']['model.rope.sites']}`".replace("``", "NoPE")
         cells = [r["name"], what, f"{mean:.4f} ± " + ("n/a" if std is None else f"{std:.4f}")]
         cells += [f"{r['stats'][s][0]:.4f}" for s in lens[1:]] + [str(r["rank"])]
+        cells += [f"{kv[r['name']]:,}"] if kv else []
         if article:
             has = r["article"] is not None
             cells += [f"{r['article']:.3f}" if has else "—", str(r["article_rank"] or "—")]

@@ -270,3 +270,30 @@ def test_the_config_arg_reaches_sweep_so_matched_rows_follow_the_size():
     small = common.SIZES["small"]
     assert rows["separate_qk_cache"]["model.num_kv_heads"] == small["num_kv_heads"] // 2
     assert rows["separate_qk_params"]["model.mlp_dim"] < small["mlp_dim"]
+
+
+def test_kv_cache_column_appears_when_rows_differ_in_cache_bytes():
+    def report(kv_bytes):
+        run = {"seed": 0, "step": 10, "loss": {"32": 3.0}, "eval_curve": [[10, 3.0]]}
+        rows = {
+            "qk": {"overrides": {"model.rope.sites": "qk"}, "runs": [run]},
+            "tied": {"overrides": {"model.attention.kv": "tied"}, "runs": [run]},
+        }
+        return {"config": "c.py", "title": "", "command": "x", "date": "d", "jax": "0",
+                "device": "cpu", "settings": {}, "seeds": [0], "seq_lens": ["32"],
+                "eval_split": "validation", "article_loss": None, "kv_bytes": kv_bytes,
+                "rows": rows}  # fmt: skip
+
+    md = sweep.render_markdown(report({"qk": 2048, "tied": 1024}))
+    assert "| rank | KV cache B/token |" in md and "| 1 | 2,048 |" in md and "| 1 | 1,024 |" in md
+    assert "KV cache" not in sweep.render_markdown(report({"qk": 2048, "tied": 2048}))
+
+
+def test_plan_records_each_rows_kv_cache_bytes():
+    args = sweep.parse_args(["--config=configs/lm.py:size=tiny", "--workdir=/tmp/unused",
+                             "--rows=qk,tied_qkvo,separate_qk_cache"])  # fmt: skip
+    _, context = sweep.plan(args)
+    kv = context["kv_bytes"]
+    assert kv["qk"] == 2 * kv["tied_qkvo"] == 2 * kv["separate_qk_cache"]
+    tiny = common.SIZES["tiny"]
+    assert kv["qk"] == tiny["num_layers"] * tiny["num_kv_heads"] * tiny["head_dim"] * 2 * 4
