@@ -76,14 +76,6 @@ def row_overrides(row: str, size: str = "tiny") -> dict:
     raise ValueError(f"row={row!r} is not one of {', '.join([*ROWS, *EXTRA_ROWS])}")
 
 
-def _set(config, dotted: str, value) -> None:
-    *parents, leaf = dotted.split(".")
-    node = config
-    for name in parents:
-        node = node[name]
-    node[leaf] = value
-
-
 def _parse(arg: str | None):
     return common.parse_arg(arg, size="tiny", row="qk", data="shakespeare", steps=0)
 
@@ -92,8 +84,7 @@ def get_config(arg: str | None = None):
     arg = _parse(arg)
     overrides = row_overrides(arg.row, arg.size)
     config = common.base_config(arg.size)
-    for dotted, value in overrides.items():
-        _set(config, dotted, value)
+    config.update_from_flattened_dict(overrides)
     config.data.name = arg.data
     if arg.steps:
         config.train.num_steps = arg.steps

@@ -109,12 +109,8 @@ def apply(config, overrides: dict, where: str) -> None:
             close = difflib.get_close_matches(dotted, fields, n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise SweepError(f"{where}: no config field {dotted!r}{hint}")
-        *parents, leaf = dotted.split(".")
-        node = config
-        for p in parents:
-            node = node[p]
         try:
-            node[leaf] = value
+            config.update_from_flattened_dict({dotted: value})
         except (TypeError, ValueError) as e:
             raise SweepError(f"{where}: {dotted}={value!r}: {e}") from None
 

@@ -42,12 +42,7 @@ def tiny_cfg(**overrides):
             ),
         )
     )
-    for key, value in overrides.items():
-        *parents, leaf = key.split(".")
-        target = cfg
-        for name in parents:
-            target = target[name]
-        target[leaf] = value
+    cfg.update_from_flattened_dict(overrides)
     return cfg
 
 

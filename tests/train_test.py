@@ -43,12 +43,7 @@ def tiny(data_dir, **overrides):
     config.train.eval_every_steps = 0
     config.train.ckpt_every_steps = 10
     config.eval.num_batches, config.eval.batch_size = 2, 8
-    for dotted, value in overrides.items():
-        node = config
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
+    config.update_from_flattened_dict(overrides)
     return config
 
 
