@@ -6,7 +6,10 @@ r"""Evaluates a checkpoint of a training run on held-out data.
   python eval.py --workdir=runs/x --generate --prompt="ROMEO:" --max_new_tokens=200
 
 Writes <workdir>/eval_<step>.json: per context length, loss (nats/token), perplexity,
-bits per byte and token count. Context lengths beyond training measure extrapolation.
+bits per byte, token count and top-1 accuracy on --split. Context lengths beyond
+training measure extrapolation. --splits (default `eval.splits`) adds one entry per
+named split at the training length: the held-out generalisation splits of multimodal
+data, with answer accuracy overall and per task.
 With --generate it instead prints the prompt and its continuation (greedy, or sampled
 with --temperature > 0), decoded with a key/value cache, up to the first EOS.
 """
@@ -30,6 +33,7 @@ def define_flags():
     flags.DEFINE_integer("step", None, "Checkpoint step; default the newest.")
     flags.DEFINE_list("seq_lens", [], "Context lengths; default training + eval.seq_lens.")
     flags.DEFINE_string("split", None, "Data split; default config.data.eval_split.")
+    flags.DEFINE_list("splits", None, "Extra splits at the training length; default eval.splits.")
     flags.DEFINE_integer("num_batches", None, "Batches per length; 0 = whole split.")
     flags.DEFINE_bool("fallback", False, "If a checkpoint is damaged, use the newest good.")
     flags.DEFINE_bool("generate", False, "Print a continuation of --prompt instead.")
@@ -61,6 +65,7 @@ def evaluate_checkpoint(
     step: int | None = None,
     seq_lens=(),
     split: str | None = None,
+    splits=None,
     num_batches: int | None = None,
     fallback: bool = False,
 ) -> dict:
@@ -79,6 +84,11 @@ def evaluate_checkpoint(
             run, state["params"], config, split=split, seq_len=seq_len, num_batches=num_batches
         )
         logging.info("step %d, seq_len %d: %s", step, seq_len, result[str(seq_len)])
+    for name in config.eval.get("splits", ()) if splits is None else splits:
+        result[name] = training.evaluate(
+            run, state["params"], config, split=name, num_batches=num_batches
+        )
+        logging.info("step %d, split %s: %s", step, name, result[name])
     path = os.path.join(workdir, f"eval_{step}.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=2)
@@ -136,6 +146,7 @@ def main(argv):
             step=FLAGS.step,
             seq_lens=FLAGS.seq_lens,
             split=FLAGS.split,
+            splits=FLAGS.splits,
             num_batches=FLAGS.num_batches,
             fallback=FLAGS.fallback,
         )

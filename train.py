@@ -58,6 +58,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         batch_size=config.data.global_batch_size // jax.process_count(),
         process_index=jax.process_index(),
         process_count=jax.process_count(),
+        rope=config.model.rope,
     )
     writer = metrics.MetricWriter(workdir)
     stop = {"signal": None}

@@ -100,6 +100,7 @@ def base_config(size: str) -> ml_collections.ConfigDict:
     c.data.train_split = "train"  # split to train on
     c.data.eval_split = "validation"  # held-out split evaluated during training
     c.data.max_documents = 0  # documents read per split; 0 = all
+    c.data.tasks = ()  # multimodal data only: task names; () = all of the dataset's
     c.data.seq_len = preset["seq_len"]  # T, training context in tokens
     c.data.global_batch_size = preset["global_batch_size"]  # sequences per step, all devices
 
@@ -124,6 +125,7 @@ def base_config(size: str) -> ml_collections.ConfigDict:
     c.eval.num_batches = 20  # batches per evaluation; 0 = the whole split
     c.eval.batch_size = 16  # sequences per evaluation batch
     c.eval.seq_lens = ()  # extra context lengths for eval.py (extrapolation), e.g. (256, 512)
+    c.eval.splits = ()  # extra held-out splits eval.py scores at data.seq_len, e.g. ("test",)
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.shape = (-1, 1, 1)  # devices per axis; -1 = all remaining devices

@@ -30,27 +30,65 @@ def token_losses(logits, targets, weights):
     return jnp.sum((logz - gold) * weights), jnp.sum(weights)
 
 
-def summarize(loss_sum: float, weight_sum: float) -> dict:
-    """loss (nats/token), perplexity, bits per byte (byte tokens) and token count."""
-    loss = loss_sum / max(weight_sum, 1.0)
-    return {
+def eval_sums(logits, targets, weights, task=None, *, num_tasks: int = 0) -> dict:
+    """Sums one evaluation batch contributes (add them over batches, then `summarize`).
+
+    Args:
+      logits: [B, T, V]; targets: [B, T] int; weights: [B, T] float, 0 = not scored.
+      task: int [B], the task of each row (-1 = padding row), for question-answer data
+        where each row holds one question whose answer is its weighted tokens.
+      num_tasks: number of task ids (static).
+
+    Returns:
+      {"loss_sum", "weight_sum", "correct_sum"} float32 scalars (correct = top-1 hit,
+      weighted), plus with `task`: "answers" and "answers_correct" [num_tasks] (rows
+      with an answer; rows whose every answer token is the top-1 prediction).
+    """
+    loss_sum, weight_sum = token_losses(logits, targets, weights)
+    hit = jnp.argmax(logits, axis=-1) == targets  # [B, T]
+    sums = {"loss_sum": loss_sum, "weight_sum": weight_sum,
+            "correct_sum": jnp.sum(hit * weights)}  # fmt: skip
+    if task is not None:
+        scored = weights > 0
+        answered = jnp.any(scored, axis=-1)  # [B]
+        right = jnp.all(hit | ~scored, axis=-1) & answered
+        onehot = task[:, None] == jnp.arange(num_tasks)[None, :]  # [B, K]
+        sums["answers"] = jnp.sum(onehot & answered[:, None], axis=0, dtype=jnp.float32)
+        sums["answers_correct"] = jnp.sum(onehot & right[:, None], axis=0, dtype=jnp.float32)
+    return sums
+
+
+def summarize(sums: dict, task_names=()) -> dict:
+    """loss (nats/token), perplexity, bits per byte (byte tokens), token count, top-1
+    accuracy; with answers: answer_accuracy (exact match per question), overall and
+    per task (`answer_accuracy/<task>`), and the number of questions."""
+    weight_sum = float(sums["weight_sum"])
+    loss = float(sums["loss_sum"]) / max(weight_sum, 1.0)
+    out = {
         "loss": loss,
         "perplexity": math.exp(min(loss, 50.0)),
         "bits_per_byte": loss / math.log(2.0),
         "tokens": int(weight_sum),
+        "accuracy": float(sums.get("correct_sum", 0.0)) / max(weight_sum, 1.0),
     }
+    if "answers" in sums:
+        answers, correct = np.asarray(sums["answers"]), np.asarray(sums["answers_correct"])
+        out["answer_accuracy"] = float(correct.sum() / max(answers.sum(), 1.0))
+        out["questions"] = int(answers.sum())
+        for name, n, c in zip(task_names, answers, correct, strict=True):
+            out[f"answer_accuracy/{name}"] = float(c / n) if n else float("nan")
+    return out
 
 
-def evaluate(eval_step: Callable, params, batches: Iterable[dict]) -> dict:
-    """Runs `eval_step(params, batch) -> (loss_sum, weight_sum)` over `batches`."""
-    loss_sum, weight_sum = 0.0, 0.0
+def evaluate(eval_step: Callable, params, batches: Iterable[dict], task_names=()) -> dict:
+    """Runs `eval_step(params, batch) -> eval_sums(...)` over `batches`; `summarize`s."""
+    total = None
     for batch in batches:
-        l_sum, w_sum = eval_step(params, batch)
-        loss_sum += float(l_sum)
-        weight_sum += float(w_sum)
-    if weight_sum == 0:
+        sums = jax.tree.map(lambda x: np.asarray(x, np.float64), eval_step(params, batch))
+        total = sums if total is None else jax.tree.map(np.add, total, sums)
+    if total is None or total["weight_sum"] == 0:
         raise ValueError("evaluation saw no tokens: the split is empty or num_batches is 0")
-    return summarize(loss_sum, weight_sum)
+    return summarize(total, task_names)
 
 
 class MetricWriter:

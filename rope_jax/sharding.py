@@ -188,12 +188,17 @@ def put_batch(batch, sharding: NamedSharding):
     return jax.tree.map(put, batch)
 
 
-def abstract_batch(global_batch_size: int, seq_len: int, sharding: NamedSharding) -> dict:
-    """ShapeDtypeStructs of a text batch: inputs, targets int32 and weights float32 [B, T]."""
-    spec = lambda dtype: jax.ShapeDtypeStruct(
-        (global_batch_size, seq_len), dtype, sharding=sharding
+def abstract_batch(
+    global_batch_size: int, seq_len: int, sharding: NamedSharding, extra: dict | None = None
+) -> dict:
+    """ShapeDtypeStructs of a batch: inputs, targets int32 and weights float32 [B, T],
+    plus `extra` fields given as name -> (shape after B, dtype)."""
+    spec = lambda shape, dtype: jax.ShapeDtypeStruct(
+        (global_batch_size, *shape), dtype, sharding=sharding
     )
-    return {"inputs": spec(np.int32), "targets": spec(np.int32), "weights": spec(np.float32)}
+    fields = {"inputs": ((seq_len,), np.int32), "targets": ((seq_len,), np.int32),
+              "weights": ((seq_len,), np.float32), **(extra or {})}  # fmt: skip
+    return {name: spec(shape, dtype) for name, (shape, dtype) in fields.items()}
 
 
 def num_elements(tree) -> int:

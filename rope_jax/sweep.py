@@ -6,10 +6,12 @@ r"""Runs a config's sweep(): every row x seed is one training run; then a table 
 The config module's `sweep(add)` calls `add(name="vo", **{"model.rope.sites": "vo"})` per
 row (dotted config paths -> values). Run (row, seed k) is `python train.py` in
 <workdir>/<row>/seed_<k> (its own process: isolated, resumable, killable), then
-`python eval.py --seq_lens=T,2T,4T`. The same command again skips finished runs and
-resumes unfinished ones. Runs share the compilation cache <workdir>/jax_cache unless
-JAX_COMPILATION_CACHE_DIR is set. Writes <results>.md (table), <results>.png (bars +
-validation curves) and <results>.json (all numbers; render_markdown(json) rebuilds the table).
+`python eval.py --seq_lens=T,2T,4T` (or, when the config sets eval.splits, eval.py at T
+on each of those splits, reported as answer accuracy per split). The same command
+again skips finished runs and resumes unfinished ones. Runs share the compilation
+cache <workdir>/jax_cache unless JAX_COMPILATION_CACHE_DIR is set. Writes <results>.md
+(table), <results>.png (bars + validation curves) and <results>.json (all numbers;
+render_markdown(json) rebuilds the table).
 """
 
 from __future__ import annotations
@@ -34,9 +36,12 @@ from rope_jax.sweep_report import (  # noqa: F401 (re-exported)
     kendall,
     mean_std,
     plot,
+    plot_splits,
     ranks,
     render_markdown,
+    render_splits_markdown,
     resolved_pairs,
+    split_summary,
     summarize,
 )
 
@@ -45,7 +50,8 @@ SETTINGS = ("model.num_layers", "model.embed_dim", "model.num_heads", "model.num
             "model.head_dim", "model.mlp_dim", "data.name", "data.seq_len",
             "data.global_batch_size", "train.num_steps", "optim.lr")  # fmt: skip
 # One training run: train.py arguments, the step it ends at, eval lengths (T first).
-Run = collections.namedtuple("Run", "row seed workdir flags final_step seq_lens")
+# splits: held-out splits eval.py scores at T (config eval.splits; multimodal data).
+Run = collections.namedtuple("Run", "row seed workdir flags final_step seq_lens splits")
 
 
 class SweepError(ValueError):
@@ -189,13 +195,14 @@ def plan(args) -> tuple[list[Run], dict]:
         except ValueError as e:
             raise SweepError(f"row {row}: {e}") from None
         kv_bytes[row] = model.kv_cache_bytes_per_token(config.model)
-        t = int(config.data.seq_len)
-        lens = [t, *sorted({t * m for m in mults if m > 1})]
+        t, splits = int(config.data.seq_len), tuple(config.eval.get("splits", ()))
+        lens = [t] if splits else [t, *sorted({t * m for m in mults if m > 1})]
         flags = [f"--config.{k}={flag_value(v)}" for k, v in {**sets, **overrides}.items()]
         for seed in range(args.seeds):
             workdir = os.path.abspath(os.path.join(args.workdir, row, f"seed_{seed}"))
             head = [f"--config={config_arg}", f"--workdir={workdir}", f"--config.seed={seed}"]
-            runs.append(Run(row, seed, workdir, head + flags, config.train.num_steps, lens))
+            runs.append(Run(row, seed, workdir, head + flags, config.train.num_steps, lens,
+                            splits))  # fmt: skip
     if len({run.seq_lens[0] for run in runs}) > 1:
         raise SweepError("rows set different data.seq_len; the table compares them at one T")
     fields = leaves(base)
@@ -214,11 +221,16 @@ def status(run: Run) -> str:
     try:
         with open(path) as f:
             saved = json.load(f)
-        if all(str(t) in saved for t in run.seq_lens):
+        if all(key in saved for key in columns(run)):
             return "done"
     except (OSError, ValueError):  # missing, or cut short by a kill
         pass
     return "partial" if os.path.isdir(run.workdir) else "new"
+
+
+def columns(run: Run) -> list[str]:
+    """Keys of a run's eval json the report reads: context lengths, then splits."""
+    return [*map(str, run.seq_lens), *run.splits]
 
 
 def latest_checkpoint(workdir: str) -> int | None:
@@ -255,7 +267,9 @@ def execute(run: Run, env: dict) -> None:
             if latest_checkpoint(run.workdir) != run.final_step:
                 raise SweepError(f"train.py stopped before step {run.final_step}")
         launch([sys.executable, "eval.py", f"--workdir={run.workdir}", f"--step={run.final_step}",
-                "--seq_lens=" + ",".join(map(str, run.seq_lens))], log, env)  # fmt: skip
+                "--seq_lens=" + ",".join(map(str, run.seq_lens)),
+                *(["--splits=" + ",".join(run.splits)] if run.splits else [])],
+               log, env)  # fmt: skip
     except SweepError as e:
         with open(log) as f:
             print("".join("    " + line for line in f.readlines()[-25:]), end="", file=sys.stderr)
@@ -283,7 +297,9 @@ def run_all(runs: list[Run], workdir: str) -> None:
         left, rec = left - 1, collect(run)
         train = f"train loss {rec['train_curve'][-1][1]:.4f}, " if rec["train_curve"] else ""
         evals = ", ".join(f"{rec['loss'][str(t)]:.4f} @{t}" for t in run.seq_lens)
-        print(f"    {durations[-1]:.0f}s  {train}held-out loss {evals}", flush=True)
+        accs = ", ".join(f"{s} {rec['accuracy'][s]:.3f}" for s in run.splits)
+        accs = f"; answer accuracy {accs}" if accs else ""
+        print(f"    {durations[-1]:.0f}s  {train}held-out loss {evals}{accs}", flush=True)
 
 
 def collect(run: Run) -> dict:
@@ -296,7 +312,9 @@ def collect(run: Run) -> dict:
     # A resumed run logs again the steps after its checkpoint: keep the last value.
     curve = lambda key: sorted({r["step"]: r[key] for r in records if key in r}.items())
     return {"seed": run.seed, "workdir": run.workdir, "step": saved["step"],
-            "loss": {str(t): saved[str(t)]["loss"] for t in run.seq_lens},
+            "loss": {key: saved[key]["loss"] for key in columns(run)},
+            "accuracy": {s: saved[s].get("answer_accuracy") for s in run.splits},
+            "metrics": {s: saved[s] for s in run.splits},
             "eval_curve": curve("eval/loss"), "train_curve": curve("loss")}  # fmt: skip
 
 
@@ -311,13 +329,15 @@ def write_report(runs: list[Run], context: dict, argv, results: str) -> dict:
     report = dict(context, command=format_command(argv), jax=jax.__version__, rows=rows,
                   date=datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
                   device=f"{dev.platform} ({dev.device_kind}) x{jax.device_count()}",
-                  seq_lens=[str(t) for t in runs[0].seq_lens])  # fmt: skip
+                  seq_lens=[str(t) for t in runs[0].seq_lens],
+                  splits=list(runs[0].splits))  # fmt: skip
     os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
     with open(results + ".json", "w") as f:
         json.dump(report, f, indent=1)
+    splits = bool(report["splits"])
     with open(results + ".md", "w") as f:
-        f.write(render_markdown(report))
-    plot(report, results + ".png")
+        f.write(render_splits_markdown(report) if splits else render_markdown(report))
+    (plot_splits if splits else plot)(report, results + ".png")
     return report
 
 

@@ -146,3 +146,126 @@ def plot(report: dict, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+# ------------------------------------------------------------ held-out splits (accuracy)
+
+
+def split_summary(report: dict) -> list[dict]:
+    """Rows sorted by mean answer accuracy on the first split (best first), with mean/std
+    accuracy and loss per split, per-task accuracy per split, and the mean accuracy over
+    the generalisation splits (every split after the first)."""
+    splits, rows = report["splits"], []
+    for name, row in report["rows"].items():
+        runs = row["runs"]
+        acc = {s: mean_std([r["accuracy"][s] for r in runs]) for s in splits}
+        general = mean_std([sum(r["accuracy"][s] for s in splits[1:]) / max(len(splits) - 1, 1)
+                            for r in runs])  # fmt: skip
+        tasks = {}
+        for s in splits:
+            keys = [k for k in runs[0]["metrics"][s] if k.startswith("answer_accuracy/")]
+            tasks[s] = {k.split("/", 1)[1]: mean_std([r["metrics"][s][k] for r in runs])[0]
+                        for k in keys}  # fmt: skip
+        rows.append({"name": name, "overrides": row["overrides"], "acc": acc, "general": general,
+                     "loss": {s: mean_std([r["loss"][s] for r in runs]) for s in splits},
+                     "tasks": tasks})  # fmt: skip
+    ordered = sorted(rows, key=lambda r: -r["acc"][splits[0]][0])
+    for rank, r in enumerate(ordered, 1):
+        r["rank"] = rank
+    return ordered
+
+
+def _pm(stat, fmt="{:.3f}") -> str:
+    mean, std = stat
+    return fmt.format(mean) + " ± " + ("n/a" if std is None else fmt.format(std))
+
+
+def _what(overrides: dict) -> str:
+    short = {k.removeprefix("model.rope."): v for k, v in overrides.items()}
+    return ", ".join(f"`{k}={v}`" for k, v in short.items()) or "(base)"
+
+
+def render_splits_markdown(report: dict) -> str:
+    """Results page of a sweep scored by answer accuracy on held-out splits."""
+    rows, splits, n_seeds = split_summary(report), report["splits"], len(report["seeds"])
+    settings = ", ".join(f"{k}={v}" for k, v in report["settings"].items())
+    out = [f"# Sweep: {report['config']}", "", *([report["title"], ""] if report["title"] else []),
+           f"Command: `{report['command']}`", "",
+           f"Date: {report['date']}; jax {report['jax']}; device: {report['device']}.", "",
+           f"Settings: {settings}; seeds: {', '.join(map(str, report['seeds']))}.", ""]  # fmt: skip
+    general = f"mean of {', '.join(splits[1:])}"
+    head = ["row", "overrides", *[f"{s} acc" for s in splits], general, "rank"]
+    out += ["## Answer accuracy (exact match per question), mean ± std over seeds", "",
+            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+    for r in rows:
+        cells = [r["name"], _what(r["overrides"]), *[_pm(r["acc"][s]) for s in splits],
+                 _pm(r["general"]), str(r["rank"])]  # fmt: skip
+        out.append("| " + " | ".join(cells) + " |")
+    out += ["", "## Answer loss (nats per answer token), mean over seeds", "",
+            "| row | " + " | ".join(splits) + " |", "|" + "---|" * (len(splits) + 1)]  # fmt: skip
+    for r in rows:
+        out.append(f"| {r['name']} | " + " | ".join(f"{r['loss'][s][0]:.3f}" for s in splits)
+                   + " |")  # fmt: skip
+    tasks = list(rows[0]["tasks"][splits[0]])
+    if tasks:
+        out += ["", "## Answer accuracy per task, mean over seeds", "",
+                "Each cell: " + " / ".join(splits) + ".", "",
+                "| row | " + " | ".join(tasks) + " |", "|" + "---|" * (len(tasks) + 1)]  # fmt: skip
+        for r in rows:
+            cells = [" / ".join(f"{r['tasks'][s][t]:.2f}" for s in splits) for t in tasks]
+            out.append(f"| {r['name']} | " + " | ".join(cells) + " |")
+    step = report["rows"][rows[0]["name"]]["runs"][0]["step"]
+    spread = (f"± sample std (ddof=1) over {n_seeds} seeds" if n_seeds > 1 else
+              "one seed, so std is n/a")  # fmt: skip
+    out += ["", f"After step {step}; {spread}. Each split is the same fixed set of questions "
+            f"for every run; `{splits[0]}` has the training grid shapes on unseen digits, the "
+            "others change one thing each. Rank 1 = highest accuracy on "
+            f"`{splits[0]}`."]  # fmt: skip
+    for label, key in (
+        (splits[0], lambda r: r["acc"][splits[0]]),
+        (general, lambda r: r["general"]),
+    ):
+        pairs = resolved_pairs({r["name"]: -key(r)[0] for r in rows},
+                               {r["name"]: key(r)[1] for r in rows})  # fmt: skip
+        out += ["", f"Adjacent pairs by accuracy on {label} (resolved: gap > "
+                "sqrt(std_a² + std_b²)):"]  # fmt: skip
+        for q in pairs:
+            verdict = ("n/a (one seed)" if q["resolved"] is None else
+                       f"{'resolved' if q['resolved'] else 'within seed noise'} "
+                       f"(noise {q['noise']:.3f})")  # fmt: skip
+            out.append(f"- {q['better']} > {q['worse']}: gap {q['gap']:.3f}, {verdict}")
+    return "\n".join(out) + "\n"
+
+
+def plot_splits(report: dict, path: str) -> None:
+    """Left: answer accuracy per split, one bar per row (std bars); right: validation loss."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows, splits = split_summary(report), report["splits"]
+    fig, (bars, curves) = plt.subplots(1, 2, figsize=(14, 4.8), width_ratios=(1.6, 1))
+    width = 0.8 / len(rows)
+    x = np.arange(len(splits))
+    for k, r in enumerate(rows):
+        means = [r["acc"][s][0] for s in splits]
+        errs = [r["acc"][s][1] or 0.0 for s in splits]
+        bars.bar(x + (k - (len(rows) - 1) / 2) * width, means, width, yerr=errs, capsize=2,
+                 label=r["name"], color=plt.cm.tab10(k % 10))  # fmt: skip
+    bars.set_xticks(x, splits)
+    title = f"held-out questions, mean ± std over {len(report['seeds'])} seed(s)"
+    bars.set(ylim=(0, 1), ylabel="answer accuracy (exact match)", title=title)
+    bars.legend(fontsize=7, ncol=2)
+    for k, r in enumerate(rows):
+        runs = [dict(run["eval_curve"]) for run in report["rows"][r["name"]]["runs"]]
+        steps = sorted(set.intersection(*(set(c) for c in runs)))
+        curves.plot(steps, [sum(c[s] for c in runs) / len(runs) for s in steps], marker=".",
+                    label=r["name"], color=plt.cm.tab10(k % 10))  # fmt: skip
+    curves.set(xlabel="step", ylabel="validation answer loss (mean over seeds)",
+               title="validation loss during training")  # fmt: skip
+    fig.suptitle(report["config"])
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -29,6 +29,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         raise ValueError(
             f"model.rope.scheme={rope.scheme!r} is not one of {', '.join(layouts.SCHEMES)}"
         )
+    if data.multimodal.is_multimodal(config.data):
+        data.multimodal.check_config(config.data, config.model, config.eval.get("splits", ()))
     if config.model.vocab_size < data.VOCAB_SIZE:
         raise ValueError(
             f"model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's "
@@ -169,12 +171,13 @@ def make_train_step(graphdef, tx: optax.GradientTransformation):
     return train_step
 
 
-def make_eval_step(graphdef):
-    """(params, batch) -> (loss_sum, weight_sum); pure, for jax.jit."""
+def make_eval_step(graphdef, num_tasks: int = 0):
+    """(params, batch) -> `metrics.eval_sums` dict; pure, for jax.jit."""
 
     def eval_step(params, batch):
         logits = _forward(graphdef, params, batch)
-        return metrics.token_losses(logits, batch["targets"], batch["weights"])
+        return metrics.eval_sums(logits, batch["targets"], batch["weights"],
+                                 batch.get("task"), num_tasks=num_tasks)  # fmt: skip
 
     return eval_step
 
@@ -194,7 +197,8 @@ class Run(NamedTuple):
     shardings: Any
     batch_sharding: Any
     train_step: Callable  # jitted (state, batch) -> (state, metrics); donates state
-    eval_step: Callable  # jitted (params, batch) -> (loss_sum, weight_sum)
+    eval_step: Callable  # jitted (params, batch) -> metrics.eval_sums dict
+    task_names: tuple  # question-answer tasks of multimodal data; () for text
 
 
 def build(config) -> Run:
@@ -217,11 +221,20 @@ def build(config) -> Run:
         out_shardings=(shardings, None),
         donate_argnums=0,
     )
+    task_names = task_names_of(config)
     eval_step = jax.jit(
-        make_eval_step(graphdef), in_shardings=(shardings["params"], batch_sharding)
+        make_eval_step(graphdef, len(task_names)),
+        in_shardings=(shardings["params"], batch_sharding),
     )
     return Run(mesh, rules, tx, graphdef, init_fn, abstract, shardings, batch_sharding,
-               train_step, eval_step)  # fmt: skip
+               train_step, eval_step, task_names)  # fmt: skip
+
+
+def task_names_of(config) -> tuple:
+    """The multimodal data's task names (the eval metrics' per-task keys); () for text."""
+    if data.multimodal.is_multimodal(config.data):
+        return data.multimodal.tasks(config.data)
+    return ()
 
 
 def evaluate(run: Run, params, config, *, split: str, seq_len: int | None = None,
@@ -235,17 +248,21 @@ def evaluate(run: Run, params, config, *, split: str, seq_len: int | None = None
         num_batches=num_batches or None,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
+        rope=config.model.rope,
     )
     placed = (sharding.put_batch(b, run.batch_sharding) for b in batches)
     with sharding.use_mesh(run.mesh, run.rules):
-        return metrics.evaluate(run.eval_step, params, placed)
+        return metrics.evaluate(run.eval_step, params, placed, run.task_names)
 
 
 def dry_run(config) -> dict:
     """Parameter count and per-device bytes (eval_shape + XLA memory analysis); no arrays."""
     run = build(config)
+    extra = {}
+    if data.multimodal.is_multimodal(config.data):
+        extra = data.multimodal.batch_fields(config.data)
     batch = sharding.abstract_batch(
-        config.data.global_batch_size, config.data.seq_len, run.batch_sharding
+        config.data.global_batch_size, config.data.seq_len, run.batch_sharding, extra
     )
     with sharding.use_mesh(run.mesh, run.rules):
         analysis = run.train_step.lower(run.abstract, batch).compile().memory_analysis()

@@ -1,4 +1,4 @@
-"""Text data: byte tokenizer, TFDS corpora and Grain pipelines (no TensorFlow).
+"""Data: byte tokenizer, TFDS builders and Grain pipelines (no TensorFlow).
 
   from rope_jax import data
   data.prepare(config.data)                      # build shipped corpora if needed
@@ -26,11 +26,18 @@
 
 Splits of the shipped corpora: train / validation / test. Every document is
 followed by EOS; the token streams of a split are held in memory (uint16).
+
+Multimodal tasks (`multimodal.FAMILIES`: "digit_grids", "digit_videos") interleave
+text with grids of scikit-learn's handwritten digits; their batches add `patches`,
+`is_patch`, `positions` and `task`, so both iterators then need
+`rope=config.model.rope`. Extra field: `tasks` (names from the family; () = all).
 """
 
 import ml_collections
 
+from rope_jax.data import multimodal
 from rope_jax.data.corpora import CORPORA, RopePythonStdlib, RopeShakespeare
+from rope_jax.data.digits import RopeDigits
 from rope_jax.data.pipeline import Windows, make_eval_iterator, make_train_iterator
 from rope_jax.data.sources import DataSourceError, documents, prepare, token_stream
 from rope_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, decode, encode
@@ -48,6 +55,7 @@ def default_config() -> ml_collections.ConfigDict:
             "train_split": "train",  # split to train on
             "eval_split": "validation",  # split to evaluate on
             "max_documents": 0,  # documents read per split; 0 = all
+            "tasks": (),  # multimodal tasks; () = all of the dataset's
         }
     )
 
@@ -58,6 +66,7 @@ __all__ = [
     "DataSourceError",
     "EOS_ID",
     "PAD_ID",
+    "RopeDigits",
     "RopePythonStdlib",
     "RopeShakespeare",
     "VOCAB_SIZE",
@@ -68,6 +77,7 @@ __all__ = [
     "encode",
     "make_eval_iterator",
     "make_train_iterator",
+    "multimodal",
     "prepare",
     "token_stream",
 ]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import grain
 import numpy as np
 
-from rope_jax.data import sources
+from rope_jax.data import multimodal, sources
 from rope_jax.data.tokenizer import PAD_ID
 
 # Batches are cut with vectorised numpy, so one worker thread plus a small buffer is
@@ -79,6 +79,7 @@ def make_train_iterator(
     batch_size: int,
     process_index: int = 0,
     process_count: int = 1,
+    rope=None,
 ):
     """Infinite, checkpointable iterator of training batches.
 
@@ -90,6 +91,8 @@ def make_train_iterator(
         (`jax.process_index()`, `jax.process_count()`): all processes shuffle the
         same global batches of `process_count * B` windows and each keeps its own
         contiguous block of B rows.
+      rope: `config.model.rope`; multimodal datasets (`multimodal.FAMILIES`) need its
+        `scheme` for the batches' positions. Text ignores it.
 
     Returns:
       A `grain.DatasetIterator`; `it.get_state()` is a small JSON-serialisable dict
@@ -100,6 +103,10 @@ def make_train_iterator(
     shard = _shard(process_index, process_count)
     if not 0 <= int(seed) < 2**32:
         raise ValueError(f"seed must lie in [0, 2**32), got {seed}")
+    if multimodal.is_multimodal(data_config):
+        return multimodal.make_train_iterator(
+            data_config, _rope(rope, data_config), seed=seed, batch_size=batch_size, shard=shard
+        )
     tokens = sources.token_stream(data_config, _train_split(data_config))
     num_windows = (len(tokens) - 1) // seq_len
     if num_windows < 1:
@@ -132,6 +139,7 @@ def make_eval_iterator(
     num_batches: int | None = None,
     process_index: int = 0,
     process_count: int = 1,
+    rope=None,
 ):
     """Finite, deterministic, re-iterable batches covering `split` once, in order.
 
@@ -143,13 +151,30 @@ def make_eval_iterator(
       num_batches: if set, only the first `num_batches` batches.
       process_index, process_count: as in `make_train_iterator`; every process gets
         the same number of batches.
+      rope: as in `make_train_iterator`. A multimodal split is its first
+        `num_batches * batch_size` examples (512 when num_batches is None), padded to
+        `seq_len` (default `multimodal.eval_seq_len`, which fits every split).
 
     Returns:
       A `grain.IterDataset`; each `iter()` starts again from the first batch.
     """
+    if multimodal.is_multimodal(data_config) and not seq_len:
+        seq_len = multimodal.eval_seq_len(data_config)
     seq_len = _positive_int(seq_len or data_config.get("seq_len", None), "seq_len")
     batch_size = _positive_int(batch_size, "batch_size")
     shard = _shard(process_index, process_count)
+    if multimodal.is_multimodal(data_config):
+        num_examples = (
+            _positive_int(num_batches, "num_batches") * batch_size if num_batches else 512
+        )
+        return multimodal.make_eval_iterator(
+            _with_seq_len(data_config, seq_len),
+            _rope(rope, data_config),
+            split=split,
+            batch_size=batch_size,
+            num_examples=num_examples,
+            shard=shard,
+        )
     tokens = sources.token_stream(data_config, split)
     global_batch = batch_size * shard[1]
     rows = num_eval_windows(len(tokens), seq_len)
@@ -158,3 +183,18 @@ def make_eval_iterator(
     if num_batches is not None:
         ds = ds[: _positive_int(num_batches, "num_batches")]
     return ds.to_iter_dataset(READ_OPTIONS)
+
+
+def _rope(rope, data_config):
+    if rope is None or "scheme" not in rope:
+        raise ValueError(
+            f"data.name={data_config.name!r} is multimodal: pass rope=config.model.rope "
+            "(its scheme places the patches)"
+        )
+    return rope
+
+
+def _with_seq_len(data_config, seq_len: int):
+    config = data_config.copy_and_resolve_references()
+    config.seq_len = seq_len
+    return config

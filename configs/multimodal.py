@@ -1,0 +1,101 @@
+"""Questions about grids of handwritten digits; ROWS = the multimodal layout ablation.
+
+  python train.py --config=configs/multimodal.py:row=rope_tv --workdir=runs/mm
+  python -m rope_jax.sweep --config=configs/multimodal.py --workdir=runs/layouts --seeds=3
+  python -m rope_jax.sweep --config=configs/multimodal.py:video=true --workdir=runs/video
+
+Arg keys: size (tiny | small | 1b), row (a key of ROWS, or of VIDEO_ROWS with video=true),
+video (false: images on 2 axes (h, w); true: videos on 3 axes (t, h, w)), steps (0 = 600).
+The data (`rope_jax.data.multimodal`) interleaves text with h x w grids of real 8x8
+digits; every row of the sweep sees the same examples, and is scored on held-out
+digits (`test`) and three generalisation splits (`larger` grids, unseen `aspect`
+ratios, `long_prefix` text before the image).
+"""
+
+from __future__ import annotations
+
+from configs import common
+
+
+def _sections(head_dim: int, num_axes: int) -> tuple[int, ...]:
+    """Qwen2-VL-like contiguous blocks of H/2 pairs: (1/2, 1/2) or (1/4, 3/8, 3/8)."""
+    pairs = head_dim // 2
+    if num_axes == 2:
+        return (pairs - pairs // 2, pairs // 2)
+    t = pairs // 4
+    return (t, (pairs - t) - (pairs - t) // 2, (pairs - t) // 2)
+
+
+# Row -> overrides of model.rope (SPEC.md section 3). `sections` is filled per size.
+LAYOUT_ROWS = {
+    "nope": {"sites": "", "scheme": "flat"},
+    "flat": {"scheme": "flat"},
+    "mrope": {"scheme": "mrope"},
+    "rope_tie": {"scheme": "rope_tie"},
+    "rope_tie_frac": {"scheme": "rope_tie_frac"},
+    "rope_tv": {"scheme": "rope_tv"},
+}
+# Axis allocation and frequency ladder for the two unit-spaced 2-D/3-D layouts, chosen
+# before the sweep (Qwen2-VL's M-RoPE and RoPE-TV): contiguous sections instead of
+# interleaved pairs, and one geometric ladder per axis instead of the shared one.
+VARIANT_ROWS = {
+    f"{scheme}_{name}": {"scheme": scheme, **variant}
+    for scheme in ("rope_tv", "mrope")
+    for name, variant in (("sections", {"allocation": "sections"}),
+                          ("per_axis", {"ladder": "per_axis"}))
+}  # fmt: skip
+ROWS = {**LAYOUT_ROWS, **VARIANT_ROWS}
+# 2-D-only layouts (rope_tie, rope_tie_frac) cannot place a video.
+VIDEO_ROWS = {k: v for k, v in ROWS.items() if not k.startswith("rope_tie")}
+
+DATA = {False: ("digit_grids", 2), True: ("digit_videos", 3)}  # video -> (data.name, A)
+HELD_OUT = ("test", "larger", "aspect", "long_prefix")
+
+
+def _parse(arg: str | None):
+    return common.parse_arg(arg, size="tiny", row="rope_tv", video=False, steps=0)
+
+
+def rows(video: bool) -> dict:
+    return VIDEO_ROWS if video else ROWS
+
+
+def row_overrides(row: str, size: str = "tiny", video: bool = False) -> dict:
+    """Dotted config overrides of ablation `row`."""
+    table = rows(video)
+    if row not in table:
+        raise ValueError(f"row={row!r} is not one of {', '.join(table)} (video={video})")
+    out = {f"model.rope.{k}": v for k, v in table[row].items()}
+    if out.get("model.rope.allocation") == "sections":
+        head_dim = common.size_preset(size)["head_dim"]
+        out["model.rope.sections"] = _sections(head_dim, DATA[video][1])
+    return out
+
+
+def get_config(arg: str | None = None):
+    arg = _parse(arg)
+    config = common.base_config(arg.size)
+    name, num_axes = DATA[arg.video]
+    config.data.name = name  # rope_jax.data.multimodal.FAMILIES
+    config.data.tasks = ()  # () = every task of the dataset, mixed uniformly
+    config.data.seq_len = 48  # training pad length (checked); evaluation pads to fit each split
+    config.data.global_batch_size = 32  # questions per step
+    config.data.eval_split = "validation"  # unseen digits, training grid shapes
+    config.model.patch_dim = 64  # one 8x8 digit per patch
+    config.model.rope.num_axes = num_axes  # (h, w) or (t, h, w)
+    config.train.num_steps = arg.steps or 600
+    config.train.eval_every_steps = 150
+    config.train.ckpt_every_steps = 300
+    config.optim.warmup_steps = 30
+    config.eval.num_batches = 16  # 16 x 32 = 512 questions per split
+    config.eval.batch_size = 32
+    config.eval.splits = HELD_OUT  # eval.py scores each at data.seq_len
+    config.update_from_flattened_dict(row_overrides(arg.row, arg.size, arg.video))
+    return config
+
+
+def sweep(add, arg: str | None = None):
+    """One run per layout row (ROWS, or VIDEO_ROWS with video=true); seeds are added."""
+    arg = _parse(arg)
+    for row in rows(arg.video):
+        add(name=row, **row_overrides(row, arg.size, arg.video))

@@ -1,0 +1,136 @@
+"""Tests for rope_jax.plot_layout: the drawn markers are layouts.positions, CLI and errors."""
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from rope_jax import layouts, plot_layout
+
+IMAGE = "text:4,image:3x5,text:3"
+VIDEO = "text:2,video:2x3x3,text:2"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _drawn(ax, kinds_of_label):
+    """label -> marker offsets [P, 2] (x = w id, y = h id) of every scatter in `ax`."""
+    return {c.get_label(): np.asarray(c.get_offsets()) for c in ax.collections
+            if c.get_label() in kinds_of_label}  # fmt: skip
+
+
+def test_cli_writes_png(tmp_path, capsys):
+    out = tmp_path / "sub" / "fig.png"
+    argv = ["--scheme=rope_tv", f"--segments={IMAGE}", f"--out={out}"]
+    assert plot_layout.main(argv) == str(out)
+    assert capsys.readouterr().out.strip() == str(out)
+    assert out.read_bytes()[:8] == PNG_MAGIC
+    pixels = matplotlib.image.imread(out)
+    assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
+    assert pixels.std() > 0  # not a blank canvas
+
+
+def test_cli_default_out_and_all_with_video(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plot_layout.main(["--scheme=rope_tv", f"--segments={IMAGE}"])
+    assert (tmp_path / "layout_rope_tv.png").read_bytes()[:8] == PNG_MAGIC
+    plot_layout.main(["--scheme=all", f"--segments={VIDEO}"])  # rope_tie rows do not raise
+    assert (tmp_path / "layout_all.png").read_bytes()[:8] == PNG_MAGIC
+
+
+@pytest.mark.parametrize(
+    "scheme, spec, num_axes",
+    [
+        ("rope_tv", IMAGE, 2),
+        ("mrope", IMAGE, 2),
+        ("rope_tie", IMAGE, 2),
+        ("rope_tie_frac", "text:1,image:2x3,text:2,image:1x4", 2),
+        ("rope_tv", "image:2x3,text:2", 2),  # half-integer ids
+        ("rope_tv", VIDEO, 3),
+        ("mrope", VIDEO, 3),
+        ("flat", VIDEO, 3),
+    ],
+)
+def test_markers_are_layout_positions(scheme, spec, num_axes):
+    segments = layouts.parse_segments(spec)
+    pos = layouts.positions(segments, scheme, num_axes)
+    kinds = layouts.modality(segments)
+    fig, panels = plot_layout.figure(segments, [scheme], num_axes)
+    ax = panels[scheme]["scatter"]
+    drawn = _drawn(ax, set(plot_layout.KINDS.values()))
+    expected = {name: pos[kinds == k][:, [-1, -2]] for k, name in plot_layout.KINDS.items()}
+    expected = {name: xy for name, xy in expected.items() if len(xy)}
+    assert drawn.keys() == expected.keys()
+    for name, xy in expected.items():
+        np.testing.assert_allclose(drawn[name], xy, err_msg=name)
+    path = ax.lines[0].get_xydata()  # reading-order line visits every token in order
+    np.testing.assert_allclose(path, pos[:, [-1, -2]])
+    assert ax.yaxis_inverted()  # h grows downward
+    lines = panels[scheme]["axes"].lines
+    assert len(lines) == num_axes
+    for a, line in enumerate(lines):
+        np.testing.assert_allclose(line.get_ydata(), pos[:, a])
+        np.testing.assert_array_equal(line.get_xdata(), np.arange(len(pos)))
+
+
+def test_video_markers_coloured_by_t():
+    segments = layouts.parse_segments(VIDEO)
+    pos = layouts.positions(segments, "rope_tv", 3)
+    _, panels = plot_layout.figure(segments, ["rope_tv"], 3)
+    (video,) = [c for c in panels["rope_tv"]["scatter"].collections if c.get_label() == "video"]
+    np.testing.assert_allclose(video.get_array(), pos[layouts.modality(segments) > 0, 0])
+
+
+def test_all_one_row_per_scheme_and_error_panel():
+    segments = layouts.parse_segments(VIDEO)
+    fig, panels = plot_layout.figure(segments, list(layouts.SCHEMES), 3)
+    assert list(panels) == list(layouts.SCHEMES)
+    for scheme in ("rope_tie", "rope_tie_frac"):
+        assert set(panels[scheme]) == {"error"}
+        text = " ".join(t.get_text() for t in panels[scheme]["error"].texts)
+        assert scheme in text and "video" in text
+    for scheme in ("flat", "mrope", "rope_tv"):
+        assert set(panels[scheme]) == {"scatter", "axes"}
+    fig.canvas.draw()  # the whole figure renders
+
+
+def test_one_axis_draws_only_per_axis_panel():
+    segments = layouts.parse_segments(IMAGE)
+    _, panels = plot_layout.figure(segments, ["flat"], 1)
+    assert set(panels["flat"]) == {"axes"}
+    np.testing.assert_allclose(
+        panels["flat"]["axes"].lines[0].get_ydata(), np.arange(layouts.num_tokens(segments))
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["--scheme=rope_tv", "--segments=text:4,pic:3x3"], "pic:3x3"),
+        (["--scheme=rope_tv", "--segments=text:4,image:3"], "image:3"),
+        (["--scheme=rope_tv", "--segments="], "--segments is empty"),
+        (["--scheme=rope_xx", f"--segments={IMAGE}"], "rope_xx"),
+        (["--scheme=mrope,", f"--segments={IMAGE}"], "unknown scheme ''"),
+        (["--scheme=rope_tv", f"--segments={IMAGE}", "--num_axes=4"], "--num_axes"),
+        (["--scheme=rope_tv", f"--segments={IMAGE}", "--num_axes=two"], "--num_axes"),
+        (["--scheme=rope_tie", f"--segments={VIDEO}"], "'rope_tie' is defined for images"),
+        (["--scheme=rope_tie", f"--segments={IMAGE}", "--num_axes=3"], "num_axes=3"),
+        (["--scheme=rope_tv", f"--segments={VIDEO}", "--num_axes=2"], "video"),
+    ],
+)
+def test_errors_are_one_line(tmp_path, argv, names):
+    out = tmp_path / "x.png"
+    with pytest.raises(SystemExit) as e:
+        plot_layout.main([*argv, f"--out={out}"])
+    message = str(e.value.code)
+    assert message.startswith("error: ") and "\n" not in message
+    assert names in message
+    assert not out.exists()
+
+
+def test_command_in_suptitle():
+    args = plot_layout.parse_args(
+        ["--scheme=all", f"--segments={IMAGE}", "--out=results/layouts.png"]
+    )
+    assert plot_layout.command_line(args) == (
+        'python -m rope_jax.plot_layout --scheme=all --segments="text:4,image:3x5,text:3" '
+        "--out=results/layouts.png"
+    )
