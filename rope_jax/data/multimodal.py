@@ -293,7 +293,9 @@ def check_config(data_config, model_config, eval_splits=()) -> None:
             f"model.rope.num_axes={rope.get('num_axes', 1)} must be {fam.num_axes} for "
             f"data.name={data_config.name!r}"
         )
-    for field, names in (("data.eval_split", (data_config.get("eval_split", "validation"),)),
+    train_split = data_config.get("train_split", "train")
+    for field, names in (("data.train_split", (train_split,)),
+                         ("data.eval_split", (data_config.get("eval_split", "validation"),)),
                          ("eval.splits", tuple(eval_splits))):  # fmt: skip
         bad = [n for n in names if n not in fam.splits]
         if bad:
@@ -307,17 +309,17 @@ def check_config(data_config, model_config, eval_splits=()) -> None:
             layouts.positions(probe, rope.scheme, fam.num_axes)
         except ValueError as e:
             raise ValueError(f"model.rope.scheme={rope.scheme!r}: {e}") from None
-    longest = max(_max_length(task, fam.splits["train"]) for task in chosen)
+    longest = max(_max_length(task, fam.splits[train_split]) for task in chosen)
     if longest - 1 > data_config.seq_len:
         raise ValueError(
-            f"data.seq_len={data_config.seq_len} is too short for the train split: its "
-            f"longest example needs {longest - 1} input tokens"
+            f"data.seq_len={data_config.seq_len} is too short for data.train_split="
+            f"{train_split!r}: its longest example needs {longest - 1} input tokens"
         )
 
 
 def eval_seq_len(data_config) -> int:
-    """One padded length (a multiple of 8) that fits every split's examples, and at
-    least data.seq_len: all held-out splits then share one compiled eval step."""
+    """One padded length that fits every split's examples: the longest rounded up to a
+    multiple of 8, or data.seq_len if longer; all splits then share one compiled step."""
     fam = family(data_config)
     longest = max(_max_length(t, s) for t in tasks(data_config) for s in fam.splits.values())
     return max(int(data_config.seq_len), -(-(longest - 1) // 8) * 8)
