@@ -62,15 +62,21 @@ def summarize(report: dict) -> list[dict]:
     return sorted(rows, key=lambda r: r["rank"])
 
 
+def header(report: dict) -> list[str]:
+    """Title, command, date/versions/device and settings lines of a results page."""
+    settings = ", ".join(f"{k}={v}" for k, v in report["settings"].items())
+    seeds = ", ".join(map(str, report["seeds"]))
+    return [f"# Sweep: {report['config']}", "", *([report["title"], ""] if report["title"] else []),
+            f"Command: `{report['command']}`", "",
+            f"Date: {report['date']}; jax {report['jax']}; device: {report['device']}.", "",
+            f"Settings: {settings}; seeds: {seeds}.", ""]  # fmt: skip
+
+
 def render_markdown(report: dict) -> str:
     """The results page: header, table, Kendall tau, which adjacent gaps are resolved."""
     rows, lens, article = summarize(report), report["seq_lens"], report["article_loss"]
     t, n_seeds = lens[0], len(report["seeds"])
-    settings = ", ".join(f"{k}={v}" for k, v in report["settings"].items())
-    out = [f"# Sweep: {report['config']}", "", *([report["title"], ""] if report["title"] else []),
-           f"Command: `{report['command']}`", "",
-           f"Date: {report['date']}; jax {report['jax']}; device: {report['device']}.", "",
-           f"Settings: {settings}; seeds: {', '.join(map(str, report['seeds']))}.", ""]  # fmt: skip
+    out = header(report)
     sites_only = lambda over: set(over) == {"model.rope.sites"}
     what = "sites" if all(sites_only(r["overrides"]) for r in rows) else "sites or overrides"
     head = ["row", what, f"loss @{t} (T) mean ± std"]
@@ -109,12 +115,19 @@ def render_markdown(report: dict) -> str:
                            {r["name"]: r["stats"][t][1] for r in rows})  # fmt: skip
     if pairs:
         out += ["", "Adjacent pairs of our ranking (resolved: gap > sqrt(std_a² + std_b²)):"]
+    out += pair_lines(pairs, "<", digits=4)
+    return "\n".join(out) + "\n"
+
+
+def pair_lines(pairs: list[dict], relation: str, digits: int) -> list[str]:
+    """Markdown bullets of `resolved_pairs`: `- a < b: gap ..., resolved (noise ...)`."""
+    out = []
     for q in pairs:
         verdict = ("n/a (one seed)" if q["resolved"] is None else
                    f"{'resolved' if q['resolved'] else 'within seed noise'} "
-                   f"(noise {q['noise']:.4f})")  # fmt: skip
-        out.append(f"- {q['better']} < {q['worse']}: gap {q['gap']:.4f}, {verdict}")
-    return "\n".join(out) + "\n"
+                   f"(noise {q['noise']:.{digits}f})")  # fmt: skip
+        out.append(f"- {q['better']} {relation} {q['worse']}: gap {q['gap']:.{digits}f}, {verdict}")
+    return out
 
 
 def plot(report: dict, path: str) -> None:
@@ -188,11 +201,7 @@ def _what(overrides: dict) -> str:
 def render_splits_markdown(report: dict) -> str:
     """Results page of a sweep scored by answer accuracy on held-out splits."""
     rows, splits, n_seeds = split_summary(report), report["splits"], len(report["seeds"])
-    settings = ", ".join(f"{k}={v}" for k, v in report["settings"].items())
-    out = [f"# Sweep: {report['config']}", "", *([report["title"], ""] if report["title"] else []),
-           f"Command: `{report['command']}`", "",
-           f"Date: {report['date']}; jax {report['jax']}; device: {report['device']}.", "",
-           f"Settings: {settings}; seeds: {', '.join(map(str, report['seeds']))}.", ""]  # fmt: skip
+    out = header(report)
     general = f"mean of {', '.join(splits[1:])}"
     head = ["row", "overrides", *[f"{s} acc" for s in splits], general, "rank"]
     out += ["## Answer accuracy (exact match per question), mean ± std over seeds", "",
@@ -229,11 +238,7 @@ def render_splits_markdown(report: dict) -> str:
                                {r["name"]: key(r)[1] for r in rows})  # fmt: skip
         out += ["", f"Adjacent pairs by accuracy on {label} (resolved: gap > "
                 "sqrt(std_a² + std_b²)):"]  # fmt: skip
-        for q in pairs:
-            verdict = ("n/a (one seed)" if q["resolved"] is None else
-                       f"{'resolved' if q['resolved'] else 'within seed noise'} "
-                       f"(noise {q['noise']:.3f})")  # fmt: skip
-            out.append(f"- {q['better']} > {q['worse']}: gap {q['gap']:.3f}, {verdict}")
+        out += pair_lines(pairs, ">", digits=3)
     return "\n".join(out) + "\n"
 
 
