@@ -152,30 +152,44 @@ def _check_shapes(q, k, v) -> None:
 
 
 def _softmax_mix(q, k, v, *, mask, causal: bool, scale: float | None) -> jax.Array:
-    """sum_s softmax_s(q . k_s * scale) v_s for GQA heads; float32 [B, T, N, H]."""
+    """sum_s softmax_s(q . k_s * scale) v_s for GQA heads; float32 [B, T, N, H].
+
+    Scores are laid out [B, K, T, G, S], the order a dot of q [B, T, K, G, H] with
+    k [B, S, K, H] produces, and the probabilities' dot with v returns [B, T, K, G, H]
+    = [B, T, N, H] directly: no transpose of the [.., T, S] arrays forward or backward.
+    """
     (b, t, n, h), s, kh = q.shape, k.shape[1], k.shape[2]
     scale = h**-0.5 if scale is None else scale
     qg = q.reshape(b, t, kh, n // kh, h)  # [B, T, K, G, H]: head n = k * G + g
-    logits = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k, preferred_element_type=jnp.float32)
-    logits = logits.reshape(b, n, t, s) * scale  # [B, N, T, S]
-    keep = _mask(mask, causal, t, s)
+    logits = jnp.einsum("BTKGH,BSKH->BKTGS", qg, k, preferred_element_type=jnp.float32)
+    logits = logits * scale  # [B, K, T, G, S]
+    keep = _mask(mask, causal, t, s, kh)
     if keep is not None:
         logits = jnp.where(keep, logits, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1).reshape(b, kh, n // kh, t, s)
+    probs = jax.nn.softmax(logits, axis=-1)
     return jnp.einsum(
-        "BKGTS,BSKH->BTKGH", probs.astype(v.dtype), v, preferred_element_type=jnp.float32
+        "BKTGS,BSKH->BTKGH", probs.astype(v.dtype), v, preferred_element_type=jnp.float32
     ).reshape(b, t, n, h)  # float32 until the final cast
 
 
-def _mask(mask, causal: bool, t: int, s: int):
-    """Combined bool keep-mask broadcastable to [B, N, T, S], or None."""
+def _mask(mask, causal: bool, t: int, s: int, kv_heads: int):
+    """Combined bool keep-mask broadcastable to the scores [B, K, T, G, S], or None.
+
+    `mask` is [B or 1, 1 or N, T, S] with head n = k * G + g.
+    """
     keep = None
     if causal:
-        keep = (jnp.arange(s)[None, :] <= jnp.arange(t)[:, None] + (s - t))[None, None]
+        keep = (jnp.arange(s)[None, :] <= jnp.arange(t)[:, None] + (s - t))[:, None, :]
     if mask is not None:
         mask = jnp.asarray(mask, bool)
         if mask.ndim != 4:
             raise ValueError(f"mask has shape {mask.shape}: expected [B or 1, 1 or N, T, S]")
+        mb, mn = mask.shape[:2]
+        if mn == 1:
+            mask = mask[:, :, :, None, :]  # [B or 1, 1, T, 1, S]
+        else:
+            mask = mask.reshape(mb, kv_heads, mn // kv_heads, *mask.shape[2:])
+            mask = mask.transpose(0, 1, 3, 2, 4)  # [B or 1, K, T, G, S]
         keep = mask if keep is None else keep & mask
     return keep
 
