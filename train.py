@@ -72,7 +72,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
                 state, extra = ckpt.restore(start, run.abstract)
                 train_iter.set_state(extra["data"])
                 logging.info("resumed from step %d in %s", start, ckpt.directory)
-            return _loop(config, run, state, start, train_iter, ckpt, writer, stop)
+            batches = sharding.Prefetch(train_iter, run.batch_sharding)  # placed ahead
+            try:
+                return _loop(config, run, state, start, batches, ckpt, writer, stop)
+            finally:
+                batches.close()
     finally:
         signal.signal(signal.SIGTERM, previous)
         ckpt.wait()
@@ -80,7 +84,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         writer.close()
 
 
-def _loop(config, run, state, start, train_iter, ckpt, writer, stop) -> dict:
+def _loop(config, run, state, start, batches, ckpt, writer, stop) -> dict:
     num_steps = config.train.num_steps
     tokens_per_step = config.data.global_batch_size * config.data.seq_len
     pending, last_good, t0, t0_step, result = [], start, time.time(), start, None
@@ -93,7 +97,7 @@ def _loop(config, run, state, start, train_iter, ckpt, writer, stop) -> dict:
         return out
 
     for step in range(start + 1, num_steps + 1):
-        batch = sharding.put_batch(next(train_iter), run.batch_sharding)
+        batch = next(batches)  # on devices already
         state, step_metrics = run.train_step(state, batch)
         pending.append(step_metrics["loss"])
         stopping = stop["signal"] is not None  # read once: the signal may land mid-step
@@ -121,7 +125,7 @@ def _loop(config, run, state, start, train_iter, ckpt, writer, stop) -> dict:
                                  and step % config.train.eval_every_steps == 0):  # fmt: skip
             result = evaluate(step)
         if save:
-            ckpt.save(step, state, {"data": train_iter.get_state(), "step": step})
+            ckpt.save(step, state, {"data": batches.get_state(), "step": step})
             last_good = step
         if stopping:
             logging.warning("SIGTERM: saved step %d, exiting", step)

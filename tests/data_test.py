@@ -6,6 +6,7 @@ import pickle
 import socket
 import time
 
+import jax
 import numpy as np
 import pytest
 
@@ -190,6 +191,53 @@ def test_train_checkpoint_state_round_trip(data_dir):
         fresh = data.make_train_iterator(cfg, seed=0, batch_size=2)
         fresh.set_state(restored_state)
         assert _same(_take(fresh, 4), expected)
+
+
+def test_prefetch_places_the_same_batches_and_checkpoints_the_consumed_position(data_dir):
+    from rope_jax import sharding
+
+    cfg = _config(data_dir=data_dir)
+    place = sharding.batch_sharding(sharding.make_mesh((1,), ("data",)))
+    expected = _take(data.make_train_iterator(cfg, seed=0, batch_size=2), 7)
+    it = data.make_train_iterator(cfg, seed=0, batch_size=2)
+    batches = sharding.Prefetch(it, place, size=2)
+    try:
+        got = [jax.device_get(b) for b in _take(batches, 3)]
+        fourth = next(batches)
+        assert isinstance(fourth["inputs"], jax.Array) and fourth["inputs"].shape == (2, T)
+        state = batches.get_state()  # after 4 consumed, though the thread ran ahead
+    finally:
+        batches.close()
+    assert _same(got, expected[:3])
+    fresh = data.make_train_iterator(cfg, seed=0, batch_size=2)
+    fresh.set_state(json.loads(json.dumps(state)))
+    assert _same(_take(fresh, 3), expected[4:7])
+
+
+def test_prefetch_raises_the_pipelines_error_in_the_consumer():
+    from rope_jax import sharding
+
+    class Broken:
+        def __init__(self):
+            self.n = 0
+
+        def get_state(self):
+            return {"n": self.n}
+
+        def __next__(self):
+            self.n += 1
+            if self.n == 3:
+                raise ValueError("record 3 is corrupt")
+            return {"x": np.full((2,), self.n, np.int32)}
+
+    place = sharding.batch_sharding(sharding.make_mesh((1,), ("data",)))
+    batches = sharding.Prefetch(Broken(), place)
+    assert [int(next(batches)["x"][0]) for _ in range(2)] == [1, 2]
+    assert batches.get_state() == {"n": 2}
+    for _ in range(2):  # raised again, not a hang
+        with pytest.raises(ValueError, match="record 3 is corrupt"):
+            next(batches)
+    batches.close()
 
 
 def test_train_process_shards_partition_the_global_batch(data_dir):

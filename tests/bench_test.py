@@ -1,0 +1,137 @@
+"""Tests for benchmarks/train_bench.py: FLOP formula, table renderer, both measurement sides."""
+
+import importlib.util
+import pathlib
+
+import pytest
+
+_PATH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "train_bench.py"
+_SPEC = importlib.util.spec_from_file_location("train_bench", _PATH)
+bench = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(bench)
+
+# A micro shape: L=1, D=8, N=2, K=1, H=4, F=16, V=5, T=3, B=2.
+MICRO = dict(L=1, D=8, N=2, K=1, H=4, F=16, V=5, T=3, B=2)
+
+
+def test_flops_match_a_hand_count():
+    # q 8*2*4=64, k 8*1*4=32, v 32, o 2*4*8=64, SwiGLU 3*8*16=384, head 8*5=40.
+    assert bench.matmul_params(MICRO) == 64 + 32 + 32 + 64 + 384 + 40
+    # 6 * 616 * (2*3) + 12 * 1 * 2 * 3^2 * (2*4) = 22176 + 1728
+    assert bench.step_flops(MICRO) == 22176 + 1728
+    assert bench.step_flops(MICRO, batch=4, seq_len=6) == 6 * 616 * 24 + 12 * 4 * 36 * 8
+
+
+def test_matmul_params_equal_the_tiny_model_less_embedding_and_norms():
+    from configs import lm
+    from rope_jax import model
+
+    config = lm.get_config("size=tiny")
+    config.model.num_layers = 1  # same per-layer count, a faster build
+    s = bench.shape("tiny")
+    s["L"] = 1
+    m = config.model
+    net = model.Decoder(m, rngs=model.nnx.Rngs(0))
+    norms = (2 * m.num_layers + 1) * m.embed_dim
+    assert bench.matmul_params(s) == model.count_params(net) - m.vocab_size * m.embed_dim - norms
+
+
+def test_render_table_and_rejects_ragged_rows():
+    text = bench.render_table(["a", "b"], [[1, "x"], ["2.50", 3]])
+    assert text.splitlines() == ["| a | b |", "|---|---|", "| 1 | x |", "| 2.50 | 3 |"]
+    with pytest.raises(ValueError, match="2 cells"):
+        bench.render_table(["a"], [[1, 2]])
+
+
+def test_target_marks():
+    assert bench._mark(1.2, 1.0) == "1.20 (met)"
+    assert bench._mark(0.8, 1.0) == "0.80 (NOT met)"
+    assert bench._mark(1.04, 1.05, higher=False) == "1.04 (met)"
+    assert bench._mark(None, 1.0) == "n/a"
+
+
+def _micro_config(monkeypatch):
+    """Makes `lm.get_config("size=tiny")` a micro model so both sides run in seconds."""
+    from configs import common
+
+    micro = dict(num_layers=1, embed_dim=16, num_heads=2, num_kv_heads=1, head_dim=8,
+                 mlp_dim=32, seq_len=8, global_batch_size=2)  # fmt: skip
+    monkeypatch.setitem(common.SIZES, "tiny", micro)
+
+
+def test_ours_side_returns_positive_numbers(monkeypatch):
+    _micro_config(monkeypatch)
+    out = bench.measure_ours("tiny", ["nope", "qk"], warmup=1, steps=2)
+    for name in ("nope", "qk"):
+        v = out["variants"][name]
+        assert v["step_s"] > 0 and v["tokens_per_s"] > 0 and v["compile_s"] > 0
+        assert v["first_loss"] == pytest.approx(v["first_loss"])  # finite
+    assert out["rss_mib"] > 0
+    row = bench.summarize("tiny", out, None, out, {"f32_gflops": 100.0, "bf16_gflops": 1.0})
+    assert row["ours_tok_s"] > 0 and row["ours_mfu"] > 0 and row["qk_vs_nope"] > 0
+    assert row["ours_vs_peer"] is None and row["peer_mfu"] is None
+
+
+def test_layouts_sequences_have_the_requested_length():
+    from rope_jax import layouts
+
+    batch = bench.pipeline_bench.mixed_sequences(4, 300, seed=1)
+    assert [layouts.num_tokens(s) for s in batch] == [300] * 4
+    kinds = {type(seg).__name__ for s in batch for seg in s}
+    assert kinds == {"Text", "Image", "Video"}
+
+
+def test_peer_side_returns_positive_numbers(monkeypatch):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    _micro_config(monkeypatch)
+    out = bench.measure_peer("tiny", warmup=1, steps=2)
+    assert out["step_s"] > 0 and out["tokens_per_s"] > 0 and out["rss_mib"] > 0
+    assert out["attn"] == "sdpa"
+    s = bench.shape("tiny")
+    model = bench.peer_model(s)
+    total = sum(p.numel() for p in model.parameters())
+    norms = (2 * s["L"] + 1) * s["D"]
+    assert bench.matmul_params(s) == total - s["V"] * s["D"] - norms  # same shape as ours
+
+
+# The library's performance fixes (results/perf.md) must not change the numbers.
+
+
+def test_swiglu_custom_gradient_equals_autodiff():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from rope_jax import model
+
+    gate_up = jax.random.normal(jax.random.key(0), (3, 5, 2, 7), jnp.float32) * 3
+    dh = jax.random.normal(jax.random.key(1), (3, 5, 7), jnp.float32)
+    plain = lambda a: jax.nn.silu(a[..., 0, :]) * a[..., 1, :]  # noqa: E731
+    np.testing.assert_allclose(model.swiglu(gate_up), plain(gate_up), rtol=1e-6)
+    ours = jax.vjp(model.swiglu, gate_up)[1](dh)[0]
+    ref = jax.vjp(plain, gate_up)[1](dh)[0]
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_with_a_per_head_mask_matches_a_numpy_reference():
+    import jax
+    import numpy as np
+
+    from rope_jax import attention
+
+    b, t, s, n, kh, h = 2, 3, 5, 4, 2, 8
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=shp).astype(np.float32) for shp in
+               ((b, t, n, h), (b, s, kh, h), (b, s, kh, h)))  # fmt: skip
+    mask = rng.random((b, n, t, s)) < 0.6
+    mask[..., -1] = True
+    out = jax.jit(lambda *a: attention.attend(*a, q_positions=None, k_positions=None,
+                                              sites="", rope={}, mask=mask))(q, k, v)  # fmt: skip
+    kv = np.arange(n) // (n // kh)  # head n reads kv head n // G
+    logits = np.einsum("btnh,bsnh->bnts", q, k[:, :, kv]) / np.sqrt(h)
+    logits = np.where(mask, logits, -np.inf)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    ref = np.einsum("bnts,bsnh->btnh", probs, v[:, :, kv])
+    np.testing.assert_allclose(np.asarray(out), ref, atol=1e-5, rtol=1e-5)
