@@ -74,3 +74,18 @@ def test_sweep_sizes_matched_rows_from_its_arg(size):
     assert (
         rows["separate_qk_cache"]["model.num_kv_heads"] == common.SIZES[size]["num_kv_heads"] // 2
     )
+
+
+def test_precision_rows_change_only_the_compute_dtype():
+    from configs import precision
+
+    base = lm.get_config("size=small").to_dict()
+    for row, dtype in (("float32", "float32"), ("bfloat16", "bfloat16")):
+        config = precision.get_config(f"size=small,row={row}")
+        training.check_config(config)
+        got = config.to_dict()
+        assert got["model"].pop("dtype") == dtype and got["model"]["param_dtype"] == "float32"
+        base["model"].pop("dtype", None)
+        assert got == base
+    with pytest.raises(ValueError, match="row='fp8' is not one of float32, bfloat16"):
+        precision.get_config("row=fp8")
