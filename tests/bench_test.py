@@ -1,6 +1,7 @@
 """Tests for benchmarks/train_bench.py: FLOP formula, table renderer, both measurement sides."""
 
 import importlib.util
+import math
 import pathlib
 
 import pytest
@@ -135,3 +136,81 @@ def test_attention_with_a_per_head_mask_matches_a_numpy_reference():
     probs /= probs.sum(-1, keepdims=True)
     ref = np.einsum("bnts,bsnh->btnh", probs, v[:, :, kv])
     np.testing.assert_allclose(np.asarray(out), ref, atol=1e-5, rtol=1e-5)
+
+
+# benchmarks/matmul_bench.py: the step's matrix products, one by one.
+
+_MM_PATH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "matmul_bench.py"
+_MM_SPEC = importlib.util.spec_from_file_location("matmul_bench", _MM_PATH)
+mm = importlib.util.module_from_spec(_MM_SPEC)
+_MM_SPEC.loader.exec_module(mm)
+
+
+@pytest.mark.parametrize("size", ["tiny", "small", "1b"])
+def test_matmul_products_add_up_to_the_step_flops(size):
+    flops = sum(p["count"] * 2 * p["batch"] * math.prod(p["mkn"]) for p in mm.products(size))
+    assert flops == bench.step_flops(bench.shape(size))
+
+
+def test_matmul_operands_are_stored_as_the_form_says():
+    p = dict(batch=1, mkn=(6, 4, 5), ta=True, tb=False)
+    assert mm._operands(p) == ((4, 6), (4, 5))
+    p = dict(batch=3, mkn=(6, 4, 5), ta=False, tb=True)
+    assert mm._operands(p) == ((3, 6, 4), (3, 5, 4))
+
+
+def test_matmul_sides_time_every_product_and_the_report_adds_them(monkeypatch):
+    _micro_config(monkeypatch)
+    ours = mm.measure_jax("tiny", repeats=1)
+    keys = {f"{d}|{p['name']}" for d in mm.DTYPES for p in mm.products("tiny")}
+    assert set(ours["times"]) == keys and all(t > 0 for t in ours["times"].values())
+    peer = {"times": {k: 2 * t for k, t in ours["times"].items()}, "version": "x"}
+    text = mm.report("tiny", ours, peer, "cmd")
+    total = sum(p["count"] * ours["times"][f"float32|{p['name']}"] for p in mm.products("tiny"))
+    gflop = sum(p["count"] * 2 * p["batch"] * math.prod(p["mkn"]) for p in mm.products("tiny"))
+    assert f"| float32 | {gflop / 1e9:.1f} | {1e3 * total:.0f} |" in text
+    assert text.count("| 2.00 |") == 2 * len(mm.products("tiny")) + 2  # peer half as fast
+
+
+# benchmarks/step_profile.py: kernel time per source operation.
+
+_SP_PATH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "step_profile.py"
+_SP_SPEC = importlib.util.spec_from_file_location("step_profile", _SP_PATH)
+sp = importlib.util.module_from_spec(_SP_SPEC)
+_SP_SPEC.loader.exec_module(sp)
+
+
+def test_dot_flops_of_an_hlo_snippet():
+    hlo = """
+  %p0 = f32[4,6,5]{2,1,0} parameter(0)
+  %p1 = f32[4,5,3]{2,1,0} parameter(1)
+  %dot.1 = f32[4,6,3]{2,1,0} dot(%p0, %p1), lhs_batch_dims={0}, lhs_contracting_dims={2}, \
+rhs_batch_dims={0}, rhs_contracting_dims={1}
+  %e = f32[4,6,3]{2,1,0} exponential(%dot.1)
+"""
+    assert sp.dot_flops(hlo) == 2 * (4 * 6 * 3) * 5
+    assert sp.dot_flops("%e = f32[3]{0} exponential(%x)") == 0
+
+
+def test_parse_sets():
+    assert sp.parse_sets(["model.rope.sites=qkvo", "train.num_steps=3", "optim.lr=0.5"]) == {
+        "model.rope.sites": "qkvo", "train.num_steps": 3, "optim.lr": 0.5}  # fmt: skip
+    with pytest.raises(ValueError, match="FIELD=VALUE"):
+        sp.parse_sets(["model.rope.sites"])
+
+
+def test_profile_finds_the_products_of_a_real_step(monkeypatch):
+    from configs import lm
+
+    _micro_config(monkeypatch)
+    config = lm.get_config("size=tiny")
+    step_s, rows, hlo = sp.profile(config, steps=1, warmup=1)
+    assert step_s > 0 and rows and all(r["ms"] > 0 for r in rows)
+    products = [r for r in rows if r["gflops"]]
+    assert any("BTD,CDF->BTCF" in r["op"] for r in products)  # the SwiGLU input product
+    assert any(r["op"].startswith("transpose(jvp(") for r in products)  # and a backward one
+    # Every product of the step is found: their FLOPs add up to the compiled HLO's.
+    # (plus the rotation's small cos/sin table product, `rotary._cos_sin_table`).
+    found = sum(f for _, f in sp.kernel_table(hlo).values())
+    model_flops = bench.step_flops(bench.shape("tiny"))
+    assert model_flops <= found <= 1.05 * model_flops
