@@ -29,13 +29,15 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:  # `configs` is not installed: import it from the checkout
-    sys.path.insert(0, _ROOT)
+for _path in (_ROOT, os.path.join(_ROOT, "benchmarks")):  # configs, train_bench
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+import train_bench  # noqa: E402
 
 DTYPES = ("float32", "bfloat16")
 
@@ -140,15 +142,6 @@ def measure_torch(size: str, repeats: int) -> dict:
     return {"side": "torch", "times": out, "version": torch.__version__}
 
 
-def run_child(args: list[str]) -> dict | None:
-    cmd = [sys.executable, os.path.abspath(__file__), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    if proc.returncode:
-        sys.stderr.write(f"child {' '.join(args)} failed:\n{proc.stderr[-3000:]}\n")
-        return None
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def report(size: str, ours: dict, peer: dict | None, command: str) -> str:
     rows, totals = [], {}
     for dtype in DTYPES:
@@ -174,7 +167,7 @@ def report(size: str, ours: dict, peer: dict | None, command: str) -> str:
         "",
         f"Command: `{command}`",
         "",
-        f"Machine: {os.cpu_count()} CPU cores ({_cpu_name()}), {platform.machine()}. "
+        f"Machine: {os.cpu_count()} CPU cores ({train_bench.cpu_name()}), {platform.machine()}. "
         f"Versions: jax {ours['version']}" + (f", torch {peer['version']}" if peer else "") + ".",
         "",
         "| dtype | product | (batch x) M x K x N | form | per step | XLA GFLOP/s | "
@@ -202,16 +195,6 @@ def report(size: str, ours: dict, peer: dict | None, command: str) -> str:
     return "\n".join(lines)
 
 
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="small")
@@ -224,10 +207,10 @@ def main(argv=None) -> int:
         print(json.dumps(measure(args.size, args.repeats)))
         return 0
     common = [f"--size={args.size}", f"--repeats={args.repeats}"]
-    ours = run_child(["--only=jax", *common])
+    ours = train_bench.run_child(["--only=jax", *common], script=__file__)
     if ours is None:
         return 1
-    peer = run_child(["--only=torch", *common])
+    peer = train_bench.run_child(["--only=torch", *common], script=__file__)
     command = "python benchmarks/matmul_bench.py " + " ".join(argv or sys.argv[1:])
     text = report(args.size, ours, peer, command.strip())
     print(text)

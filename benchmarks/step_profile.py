@@ -35,24 +35,16 @@ for _path in (_ROOT, os.path.join(_ROOT, "benchmarks")):
         sys.path.insert(0, _path)
 
 
-def _value(text: str):
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
+def parse_sets(items: list[str], config) -> dict:
+    """`--set` items -> {dotted field: value}, each parsed as its field's type.
 
+    The sweep's parser (`rope_jax.sweep`): "a.b=1,c=x" splits before each `key=`;
+    a missing '=' raises ValueError.
+    """
+    from rope_jax import sweep
 
-def parse_sets(items: list[str]) -> dict:
-    """["a.b=1", "c=x"] -> {"a.b": 1, "c": "x"}; raises ValueError on a missing '='."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set {item!r} must be FIELD=VALUE, e.g. model.rope.sites=qkvo")
-        out[key] = _value(value)
-    return out
+    fields = sweep.leaves(config)
+    return {key: sweep.parse_value(text, fields.get(key)) for key, text in sweep.split_sets(items)}
 
 
 def kernel_table(hlo_text: str) -> dict:
@@ -200,16 +192,13 @@ def main(argv=None) -> int:
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
-    try:
-        sets = parse_sets(args.set)
-    except ValueError as e:
-        parser.error(str(e))
     from configs import lm
-    from rope_jax import training
+    from rope_jax import sweep, training
 
     config = lm.get_config(f"size={args.size}")
-    config.update_from_flattened_dict(sets)
     try:
+        sets = parse_sets(args.set, config)
+        sweep.apply(config, sets, "--set")  # unknown fields and wrong types: one line
         training.check_config(config)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

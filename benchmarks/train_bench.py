@@ -329,9 +329,9 @@ def measure_ceiling(n: int | None = None, repeats: int = 5) -> dict:
 # ------------------------------------------------------------------ parent
 
 
-def run_child(args: list[str], *, timeout: float = 1800) -> dict | None:
-    """Runs this script as a child with `args`; its last stdout line is JSON."""
-    cmd = [sys.executable, os.path.abspath(__file__), *args]
+def run_child(args: list[str], *, timeout: float = 1800, script: str = __file__) -> dict | None:
+    """Runs `script` (default this one) as a child with `args`; its last stdout line is JSON."""
+    cmd = [sys.executable, os.path.abspath(script), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode:
         sys.stderr.write(f"child {' '.join(args)} failed:\n{proc.stderr[-3000:]}\n")
@@ -588,6 +588,17 @@ def report(rows: list[dict], ceiling, pipelines, lay, meta: dict) -> str:
     return "\n".join(lines)
 
 
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else platform.processor()."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def _accelerator() -> str:
     """'NAME (jax backend gpu), ' when JAX runs on an accelerator, else ''."""
     import jax
@@ -678,14 +689,7 @@ def main(argv=None) -> int:
         import transformers
 
         versions += f", torch {torch.__version__}, transformers {transformers.__version__}"
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in open("/proc/cpuinfo")
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
+    cpu = cpu_name()
     meta = {
         "command": "python benchmarks/train_bench.py " + " ".join(argv or sys.argv[1:]),
         "date": datetime.date.today().isoformat(),

@@ -193,10 +193,13 @@ rhs_batch_dims={0}, rhs_contracting_dims={1}
 
 
 def test_parse_sets():
-    assert sp.parse_sets(["model.rope.sites=qkvo", "train.num_steps=3", "optim.lr=0.5"]) == {
+    from configs import lm
+
+    config = lm.get_config("size=tiny")
+    assert sp.parse_sets(["model.rope.sites=qkvo", "train.num_steps=3,optim.lr=0.5"], config) == {
         "model.rope.sites": "qkvo", "train.num_steps": 3, "optim.lr": 0.5}  # fmt: skip
-    with pytest.raises(ValueError, match="FIELD=VALUE"):
-        sp.parse_sets(["model.rope.sites"])
+    with pytest.raises(ValueError, match="is not key=value"):
+        sp.parse_sets(["model.rope.sites"], config)
 
 
 def test_profile_finds_the_products_of_a_real_step(monkeypatch):
