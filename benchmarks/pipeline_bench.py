@@ -25,7 +25,7 @@ def measure_pipeline(config, *, steps: int, rounds: int = 2) -> dict:
     """train.py's loop on real batches vs the same loop on one pre-placed batch.
 
     Loop body as in train.py `_loop`: batch = next(batches), with `batches` the
-    iterator wrapped in `sharding.Prefetch` (next() + put_batch in a background
+    iterator wrapped in `harness.Prefetch` (next() + put_batch in a background
     thread, two batches ahead); state, m = train_step(state, batch); the losses are
     fetched every log_every_steps. Reports the host time the loop spends in next() per
     step and the wall-clock cost of real data over the pre-placed batch, both as
@@ -34,16 +34,16 @@ def measure_pipeline(config, *, steps: int, rounds: int = 2) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from rope_jax import data, sharding, training
+    from rope_jax import data, harness, sharding
 
-    run = training.build(config)
+    run = harness.build(config)
     data.prepare(config.data)
     it = data.make_train_iterator(config.data, seed=0, batch_size=config.data.global_batch_size)
     log_every = config.train.log_every_steps
     with sharding.use_mesh(run.mesh, run.rules):
         state = jax.jit(run.init_fn, out_shardings=run.shardings)()
-        placed = [sharding.put_batch(next(it), run.batch_sharding)]  # the pre-placed batch
-    batches = sharding.Prefetch(it, run.batch_sharding)
+        placed = [harness.put_batch(next(it), run.batch_sharding)]  # the pre-placed batch
+    batches = harness.Prefetch(it, run.batch_sharding)
 
     def loop(state, real: bool, steps: int = steps):
         pending, wait = [], 0.0

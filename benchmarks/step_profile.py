@@ -3,7 +3,7 @@
   python benchmarks/step_profile.py [--size small] [--set model.rope.sites=qkvo]
                                     [--steps 3] [--top 30] [--out results/step_profile.md]
 
-Builds the step exactly as train.py does (`training.build`), times it on one
+Builds the step exactly as train.py does (`harness.build`), times it on one
 synthetic batch after warm-up, then records `--steps` steps with `jax.profiler.trace`
 and reads the trace back (`jax.profiler.ProfileData`). Every XLA kernel in it is
 matched with the optimised HLO of the step (the kernel's name is its HLO instruction)
@@ -38,13 +38,13 @@ for _path in (_ROOT, os.path.join(_ROOT, "benchmarks")):
 def parse_sets(items: list[str], config) -> dict:
     """`--set` items -> {dotted field: value}, each parsed as its field's type.
 
-    The sweep's parser (`rope_jax.sweep`): "a.b=1,c=x" splits before each `key=`;
+    The sweep's parser (`rope_jax.experiments.plan`): "a.b=1,c=x" splits before each `key=`;
     a missing '=' raises ValueError.
     """
-    from rope_jax import sweep
+    from rope_jax.experiments import plan
 
-    fields = sweep.leaves(config)
-    return {key: sweep.parse_value(text, fields.get(key)) for key, text in sweep.split_sets(items)}
+    fields = plan.leaves(config)
+    return {key: plan.parse_value(text, fields.get(key)) for key, text in plan.split_sets(items)}
 
 
 def kernel_table(hlo_text: str) -> dict:
@@ -120,13 +120,13 @@ def profile(config, *, steps: int, warmup: int = 2):
     import train_bench
     from jax.profiler import ProfileData
 
-    from rope_jax import sharding, training
+    from rope_jax import harness, sharding
 
-    run = training.build(config)
+    run = harness.build(config)
     s = dict(B=config.data.global_batch_size, T=config.data.seq_len)
     with sharding.use_mesh(run.mesh, run.rules):
         state = jax.jit(run.init_fn, out_shardings=run.shardings)()
-        batch = sharding.put_batch(train_bench.synthetic_batch(s["B"], s["T"]), run.batch_sharding)
+        batch = harness.put_batch(train_bench.synthetic_batch(s["B"], s["T"]), run.batch_sharding)
         hlo = run.train_step.lower(state, batch).compile().as_text()
         times = []
         for i in range(warmup + steps):
@@ -193,13 +193,14 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     from configs import lm
-    from rope_jax import sweep, training
+    from rope_jax import harness
+    from rope_jax.experiments import plan
 
     config = lm.get_config(f"size={args.size}")
     try:
         sets = parse_sets(args.set, config)
-        sweep.apply(config, sets, "--set")  # unknown fields and wrong types: one line
-        training.check_config(config)
+        plan.apply(config, sets, "--set")  # unknown fields and wrong types: one line
+        harness.check_config(config)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -8,7 +8,7 @@ process (this script with `--only=...`), which prints one JSON line: the peak RS
 each framework is then its own, and JAX and torch never share a process's threads.
 In one run, for each size of `configs/common.py` (tiny, small):
 
-  ours      rope_jax.training.build(lm.get_config("size=S")).train_step, float32.
+  ours      rope_jax.harness.build(lm.get_config("size=S")).train_step, float32.
   peer      HF transformers LlamaForCausalLM of the same shape (vocab 259, untied head,
             sdpa attention), torch.optim.AdamW (same lr, betas, decay on matrices,
             clip 1.0), float32, torch.set_num_threads(cores).
@@ -16,7 +16,7 @@ In one run, for each size of `configs/common.py` (tiny, small):
             (float32 parameters), compiled in one child and timed round-robin, so
             their ratios share the machine's state.
   pipeline  (benchmarks/pipeline_bench.py) train.py's loop on real Shakespeare batches
-            (next(sharding.Prefetch) + step) against the same loop on one
+            (next(harness.Prefetch) + step) against the same loop on one
             pre-placed batch.
   ceiling   a jitted 2048^3 matmul, 8192^3 on a GPU/TPU (float32; bfloat16 inputs, float32
             accumulation).
@@ -138,14 +138,14 @@ def _ours_setup(size: str, overrides: dict, batches: list[dict]):
     import jax
 
     from configs import lm
-    from rope_jax import sharding, training
+    from rope_jax import harness, sharding
 
     config = lm.get_config(f"size={size}")
     config.update_from_flattened_dict(overrides)
-    run = training.build(config)
+    run = harness.build(config)
     with sharding.use_mesh(run.mesh, run.rules):
         state = jax.jit(run.init_fn, out_shardings=run.shardings)()
-        placed = [sharding.put_batch(b, run.batch_sharding) for b in batches]
+        placed = [harness.put_batch(b, run.batch_sharding) for b in batches]
     return config, run, state, placed
 
 
@@ -511,7 +511,7 @@ def report(rows: list[dict], ceiling, pipelines, lay, meta: dict) -> str:
         f"{meta['steps']['tiny']}, small {meta['steps']['small']} (warm-up, timed)); each side "
         "in its own child process. Peer = HF transformers `LlamaForCausalLM` (same shape, "
         "untied head, sdpa attention), torch.optim.AdamW, float32, "
-        f"torch threads = {meta['threads']}; ours = `rope_jax.training` train_step "
+        f"torch threads = {meta['threads']}; ours = `rope_jax.harness` train_step "
         "(float32, sites qk unless noted; JAX uses all cores). Synthetic random-byte batches, "
         "the same for both." + meta.get("note", ""),
         "",
@@ -538,7 +538,7 @@ def report(rows: list[dict], ceiling, pipelines, lay, meta: dict) -> str:
         "",
         pipe,
         "",
-        "train.py's loop structure (`next(batches)` from `sharding.Prefetch`, which runs "
+        "train.py's loop structure (`next(batches)` from `harness.Prefetch`, which runs "
         "`put_batch(next(it))` two batches ahead in a thread; `train_step`; losses fetched "
         "every log_every_steps) on real Shakespeare batches from "
         "`data.make_train_iterator(config.data, seed=0, batch_size=B)`, against the same "

@@ -12,7 +12,7 @@ import ml_collections
 
 # Decoder shapes (LLaMA-like: RMSNorm, SwiGLU, grouped-query attention).
 #   tiny   trains at several steps/s on 2 CPU cores; tests and quick sweeps.
-#   small  a useful CPU/GPU model (~12M parameters).
+#   small  a useful CPU/GPU model (9.6M parameters).
 #   1b     ~1B parameters (LLaMA-3.2-1B-like body, byte vocabulary): pods only.
 SIZES = {
     "tiny": dict(num_layers=2, embed_dim=128, num_heads=4, num_kv_heads=2, head_dim=32,
@@ -62,7 +62,7 @@ def base_config(size: str) -> ml_collections.ConfigDict:
     """Everything but the experiment-specific fields, for model size `size`."""
     preset = size_preset(size)
     c = ml_collections.ConfigDict()
-    c.seed = 0  # one seed for init, data order and dropout
+    c.seed = 0  # one seed for init and data order
 
     c.model = ml_collections.ConfigDict()
     c.model.vocab_size = 259  # byte tokens (256) + PAD, BOS, EOS (rope_jax.data.VOCAB_SIZE)
@@ -88,9 +88,8 @@ def base_config(size: str) -> ml_collections.ConfigDict:
     c.model.rope.ladder = "standard"  # standard | per_axis
     c.model.rope.layout = "half"  # pair layout: half (LLaMA) | interleaved (RoFormer)
     c.model.rope.allocation = "interleaved"  # pair -> axis: interleaved | sections
-    c.model.rope.sections = ()  # pairs per axis for allocation=sections, sums to H/2
-    c.model.rope.num_axes = 1  # A, position axes: 1 text, 2 image, 3 video
-    c.model.rope.scheme = "flat"  # multimodal layout from rope_jax.layouts.SCHEMES
+    c.model.rope.sections = ()  # pairs per axis (one per position axis) for allocation=sections,
+    # summing to H/2; the data decides the number of axes A (1 text, 2 image, 3 video)
 
     c.data = ml_collections.ConfigDict()
     c.data.name = "shakespeare"  # shakespeare | python_stdlib | any TFDS text dataset
@@ -101,6 +100,7 @@ def base_config(size: str) -> ml_collections.ConfigDict:
     c.data.eval_split = "validation"  # held-out split evaluated during training
     c.data.max_documents = 0  # documents read per split; 0 = all
     c.data.tasks = ()  # multimodal data only: task names; () = all of the dataset's
+    c.data.scheme = "flat"  # multimodal data only: layout placing patches (layouts.SCHEMES)
     c.data.seq_len = preset["seq_len"]  # T, training context in tokens
     c.data.global_batch_size = preset["global_batch_size"]  # sequences per step, all devices
 

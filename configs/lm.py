@@ -1,7 +1,7 @@
 """Byte-level language model on text; ROWS = the VO-RoPE rotation-site ablation.
 
   python train.py --config=configs/lm.py:size=tiny,row=vo --workdir=runs/vo
-  python -m rope_jax.sweep --config=configs/lm.py:size=tiny --workdir=runs/vo_ablation
+  python -m rope_jax.experiments.sweep --config=configs/lm.py:size=tiny --workdir=runs/vo_ablation
 
 Arg keys: size (tiny | small | 1b), row (a key of ROWS or EXTRA_ROWS), data (shakespeare |
 python_stdlib | any TFDS text dataset name), steps (0 = the preset's num_steps).
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from configs import common
 
-# Rotation sites per ablation row (SPEC.md section 2): q_i -> R_i q_i, k_j -> R_j k_j,
+# Rotation sites per ablation row (docs/maths.md#rotation-sites-vo-rope):
+# q_i -> R_i q_i, k_j -> R_j k_j,
 # v_j -> R_j v_j, o_i -> R_i^T o_i. The article's ~1B losses, lower is better:
 # QK 2.712, QKVO 2.719, K 2.769, VO 2.770, QKV 2.783, NoPE 2.795, O 2.841, Q 2.851, V 2.856.
 ROWS = {
@@ -26,7 +27,8 @@ ROWS = {
     "qkvo": "qkvo",
 }
 
-# Tied key/value ablation (SPEC.md section 2): row -> (size preset -> dotted overrides),
+# Tied key/value ablation (docs/maths.md#the-tied-keyvalue-cache):
+# row -> (size preset -> dotted overrides),
 # after ROWS. The matched widths depend on the preset `p`:
 #   tied_qkvo           one latent per kv head, rotated once, is key and value (qkvo).
 #   separate_qk_params  standard qk at tied_qkvo's parameter count: tying drops D*K*H

@@ -1,8 +1,10 @@
 """Questions about grids of handwritten digits; ROWS = the multimodal layout ablation.
 
   python train.py --config=configs/multimodal.py:row=rope_tv --workdir=runs/mm
-  python -m rope_jax.sweep --config=configs/multimodal.py --workdir=runs/layouts --seeds=3
-  python -m rope_jax.sweep --config=configs/multimodal.py:video=true --workdir=runs/video
+  python -m rope_jax.experiments.sweep --config=configs/multimodal.py --workdir=runs/layouts \
+      --seeds=3
+  python -m rope_jax.experiments.sweep --config=configs/multimodal.py:video=true \
+      --workdir=runs/video
 
 Arg keys: size (tiny | small | 1b), row (a key of ROWS, or of VIDEO_ROWS with video=true),
 video (false: images on 2 axes (h, w); true: videos on 3 axes (t, h, w)), steps (0 = 600).
@@ -26,23 +28,24 @@ def _sections(head_dim: int, num_axes: int) -> tuple[int, ...]:
     return (t, (pairs - t) - (pairs - t) // 2, (pairs - t) // 2)
 
 
-# Row -> overrides of model.rope (SPEC.md section 3). `sections` is filled per size.
+# Row -> dotted overrides: the layout (data.scheme, docs/maths.md#multimodal-layouts)
+# and the rotation (model.rope). `model.rope.sections` is filled per size.
 LAYOUT_ROWS = {
-    "nope": {"sites": "", "scheme": "flat"},
-    "flat": {"scheme": "flat"},
-    "mrope": {"scheme": "mrope"},
-    "rope_tie": {"scheme": "rope_tie"},
-    "rope_tie_frac": {"scheme": "rope_tie_frac"},
-    "rope_tv": {"scheme": "rope_tv"},
+    "nope": {"model.rope.sites": "", "data.scheme": "flat"},
+    "flat": {"data.scheme": "flat"},
+    "mrope": {"data.scheme": "mrope"},
+    "rope_tie": {"data.scheme": "rope_tie"},
+    "rope_tie_frac": {"data.scheme": "rope_tie_frac"},
+    "rope_tv": {"data.scheme": "rope_tv"},
 }
 # Axis allocation and frequency ladder for the two unit-spaced 2-D/3-D layouts, chosen
 # before the sweep (Qwen2-VL's M-RoPE and RoPE-TV): contiguous sections instead of
 # interleaved pairs, and one geometric ladder per axis instead of the shared one.
 VARIANT_ROWS = {
-    f"{scheme}_{name}": {"scheme": scheme, **variant}
+    f"{scheme}_{name}": {"data.scheme": scheme, **variant}
     for scheme in ("rope_tv", "mrope")
-    for name, variant in (("sections", {"allocation": "sections"}),
-                          ("per_axis", {"ladder": "per_axis"}))
+    for name, variant in (("sections", {"model.rope.allocation": "sections"}),
+                          ("per_axis", {"model.rope.ladder": "per_axis"}))
 }  # fmt: skip
 ROWS = {**LAYOUT_ROWS, **VARIANT_ROWS}
 # 2-D-only layouts (rope_tie, rope_tie_frac) cannot place a video.
@@ -65,7 +68,7 @@ def row_overrides(row: str, size: str = "tiny", video: bool = False) -> dict:
     table = rows(video)
     if row not in table:
         raise ValueError(f"row={row!r} is not one of {', '.join(table)} (video={video})")
-    out = {f"model.rope.{k}": v for k, v in table[row].items()}
+    out = dict(table[row])
     if out.get("model.rope.allocation") == "sections":
         head_dim = common.size_preset(size)["head_dim"]
         out["model.rope.sections"] = _sections(head_dim, DATA[video][1])
@@ -75,14 +78,13 @@ def row_overrides(row: str, size: str = "tiny", video: bool = False) -> dict:
 def get_config(arg: str | None = None):
     arg = _parse(arg)
     config = common.base_config(arg.size)
-    name, num_axes = DATA[arg.video]
+    name, _ = DATA[arg.video]
     config.data.name = name  # rope_jax.data.multimodal.FAMILIES
     config.data.tasks = ()  # () = every task of the dataset, mixed uniformly
     config.data.seq_len = 48  # training pad length (checked); evaluation pads to fit each split
     config.data.global_batch_size = 32  # questions per step
     config.data.eval_split = "validation"  # unseen digits, training grid shapes
-    config.model.patch_dim = 64  # one 8x8 digit per patch
-    config.model.rope.num_axes = num_axes  # (h, w) or (t, h, w)
+    config.model.patch_dim = 64  # one 8x8 digit per patch; positions: (h, w) or (t, h, w)
     config.train.num_steps = arg.steps or 600
     config.train.eval_every_steps = 150
     config.train.ckpt_every_steps = 300

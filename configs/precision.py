@@ -1,6 +1,7 @@
 """Float32 vs bfloat16 compute for the language model; ROWS = the precision check.
 
-  python -m rope_jax.sweep --config=configs/precision.py:size=tiny --workdir=runs/precision \
+  python -m rope_jax.experiments.sweep --config=configs/precision.py:size=tiny \
+      --workdir=runs/precision \
       --seeds=3 --results=results/precision
   python train.py --config=configs/precision.py:row=bfloat16 --workdir=runs/bf16
 

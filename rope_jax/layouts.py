@@ -6,7 +6,7 @@ as `[IMG]` / `[/IMG]` are ordinary text tokens. Every scheme gives text token `n
 the position `(n, ..., n)`, so text-only input is plain RoPE-1D, and the first text
 token sits at 0. Axis order is `(t, h, w)` for 3 axes and `(h, w)` for 2 axes.
 
-Schemes (SPEC.md section 3; `L` is the 1-D position of the last token before a
+Schemes (docs/maths.md#multimodal-layouts; `L` is the 1-D position of the last token before a
 visual segment, `-1` if it opens the sequence; `f, r, c` are 1-based frame, row and
 column of a patch):
 
@@ -135,8 +135,7 @@ def _visual_axes(scheme: str, seg: Segment, num_axes: int) -> None:
 
 def _flat(seg: Segment, L: float, num_axes: int) -> tuple[np.ndarray, float]:
     n = seg.num_tokens
-    pos = L + 1.0 + np.arange(n, dtype=np.float64)
-    return np.repeat(pos[:, None], num_axes, axis=1), L + 1.0 + n
+    return text_positions(L + 1.0, n, num_axes), L + 1.0 + n
 
 
 def _mrope(seg: Segment, L: float, num_axes: int) -> tuple[np.ndarray, float]:
@@ -229,6 +228,24 @@ def next_position(segments: Sequence[Segment], scheme: str, num_axes: int) -> fl
     return _layout(segments, scheme, num_axes)[1]
 
 
+def text_positions(start, length: int, num_axes: int, *, xp=np):
+    """Text continuing from `start`: position start + k on every axis, k < length.
+
+    The one rule for text (and padding) positions, shared by the data, the model's
+    default positions and decoding. `xp` is the array module (`numpy` on the host,
+    `jax.numpy` inside traced code).
+
+    Args:
+      start: [B] (or a scalar) first position.
+
+    Returns:
+      float32 [B, length, A] ([length, A] for a scalar start).
+    """
+    start = xp.asarray(start, xp.float32)
+    pos = start[..., None] + xp.arange(length, dtype=xp.float32)  # [..., length]
+    return xp.broadcast_to(pos[..., None], (*pos.shape, num_axes))
+
+
 def num_tokens(segments: Sequence[Segment]) -> int:
     """T, the number of tokens and patches in `segments`."""
     return sum(seg.num_tokens for seg in segments)
@@ -282,7 +299,7 @@ def batch_positions(
                 )
             pos, n = pos[:seq_len], seq_len
         out[b, :n] = pos
-        out[b, n:] = (start + np.arange(seq_len - n, dtype=np.float64))[:, None]
+        out[b, n:] = text_positions(start, seq_len - n, num_axes)
         mask[b, :n] = True
     return out, mask
 

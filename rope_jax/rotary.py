@@ -16,11 +16,17 @@ Vocabulary (the same names as the config fields `config.model.rope.*`):
               rotate_half); "interleaved" pairs (2i, 2i + 1) (RoFormer / GPT-J).
   allocation  which axis drives pair i: "interleaved" a(i) = i mod A; "sections"
               contiguous blocks of sizes `sections` (Qwen2-VL's mrope_section).
+
+These five settings form one value, `RopeSpec`, validated when it is made. Every
+function takes a spec, or its fields as keywords (`rotate(x, p, layout="interleaved")`),
+or both (keywords override the spec's fields). The maths is in docs/maths.md#rotation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import functools
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +37,70 @@ LAYOUTS = ("half", "interleaved")
 ALLOCATIONS = ("interleaved", "sections")
 
 
-# --------------------------------------------------------------------------- checks
+# ------------------------------------------------------------------------ the spec
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeSpec:
+    """Every rotation setting but the positions: validated once, passed as one value.
+
+    Fields as in the module docstring; `sections` is a tuple of pairs per axis (only
+    with allocation="sections"). Hashable, so the per-shape frequency table is cached.
+    Whether the sections fit a head (sum H/2, one per axis) is checked with the head
+    size, in `pair_table`.
+    """
+
+    base: float = 10000.0
+    ladder: str = "standard"
+    layout: str = "half"
+    allocation: str = "interleaved"
+    sections: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        _check_choice("ladder", self.ladder, LADDERS)
+        _check_choice("layout", self.layout, LAYOUTS)
+        _check_choice("allocation", self.allocation, ALLOCATIONS)
+        if isinstance(self.base, bool) or not isinstance(self.base, (int, float, np.number)):
+            raise ValueError(f"base={self.base!r} must be a number > 1")
+        if not self.base > 1.0:
+            raise ValueError(f"base={self.base!r} must be > 1")
+        sections = None if self.sections is None else tuple(self.sections) or None
+        if sections is not None:
+            if any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) for s in sections):
+                raise ValueError(f"sections={sections} must be non-negative integers")
+            if any(s < 0 for s in sections):
+                raise ValueError(f"sections={sections} must be non-negative integers")
+            sections = tuple(int(s) for s in sections)
+        if self.allocation == "sections" and sections is None:
+            raise ValueError(
+                "allocation='sections' needs sections=(s_0, ..., s_{A-1}) summing to H/2"
+            )
+        object.__setattr__(self, "base", float(self.base))
+        object.__setattr__(self, "sections", sections)
+
+    @classmethod
+    def of(cls, rope: RopeSpec | Mapping | None = None, **settings) -> RopeSpec:
+        """A spec from a spec, a mapping (e.g. `config.model.rope`) or None, plus overrides.
+
+        A mapping may also hold the attention-level keys of `config.model.rope` (such as
+        `sites`), which are not rotation settings and are skipped; any other unknown key
+        is an error.
+        """
+        if isinstance(rope, RopeSpec):
+            return dataclasses.replace(rope, **settings) if settings else rope
+        fields = {}
+        for key, value in dict(rope or {}).items():
+            if key in SPEC_FIELDS:
+                fields[key] = value
+            elif key not in NOT_ROTATION:
+                allowed = ", ".join((*SPEC_FIELDS, *NOT_ROTATION))
+                raise ValueError(f"{key} is not a rotation setting; allowed: {allowed}")
+        return cls(**{**fields, **settings})
+
+
+SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(RopeSpec))
+# Keys of `config.model.rope` that say where or whether to rotate, not how.
+NOT_ROTATION = ("sites",)
 
 
 def _check_choice(field: str, value: str, allowed: Sequence[str]) -> None:
@@ -46,103 +115,86 @@ def _check_head_dim(head_dim: int) -> None:
         )
 
 
-def _check_sections(sections, num_axes: int, head_dim: int) -> tuple[int, ...]:
-    if sections is None:
-        raise ValueError("allocation='sections' needs sections=(s_0, ..., s_{A-1}) summing to H/2")
-    sections = tuple(int(s) for s in sections)
+def _check_sections(sections, num_axes: int, head_dim: int) -> None:
     if len(sections) != num_axes:
         raise ValueError(
             f"sections={sections} has {len(sections)} entries but positions have {num_axes} axes"
         )
-    if any(s < 0 for s in sections) or sum(sections) != head_dim // 2:
+    if sum(sections) != head_dim // 2:
         raise ValueError(
             f"sections={sections} must be non-negative and sum to head_dim/2={head_dim // 2}"
         )
-    return sections
 
 
 # --------------------------------------------------------------- frequencies (host)
 
 
+def _axes(head_dim: int, num_axes: int, spec: RopeSpec) -> np.ndarray:
+    if isinstance(num_axes, bool) or not isinstance(num_axes, (int, np.integer)) or num_axes < 1:
+        raise ValueError(f"num_axes={num_axes} must be >= 1")
+    pairs = head_dim // 2
+    if spec.allocation == "interleaved":
+        return (np.arange(pairs) % num_axes).astype(np.int32)
+    _check_sections(spec.sections, num_axes, head_dim)
+    return np.repeat(np.arange(num_axes), spec.sections).astype(np.int32)
+
+
+def _frequencies(head_dim: int, num_axes: int, spec: RopeSpec) -> np.ndarray:
+    pairs = head_dim // 2
+    if spec.ladder == "standard":
+        exponent = np.arange(pairs, dtype=np.float64) / pairs
+    else:
+        axes = _axes(head_dim, num_axes, spec)
+        exponent = np.zeros(pairs, dtype=np.float64)
+        for a in range(num_axes):
+            idx = np.flatnonzero(axes == a)
+            exponent[idx] = np.arange(idx.size) / max(idx.size, 1)
+    return (spec.base**-exponent).astype(np.float32)
+
+
+@functools.lru_cache(maxsize=256)
+def _pair_table(head_dim: int, num_axes: int, spec: RopeSpec) -> tuple[np.ndarray, np.ndarray]:
+    _check_head_dim(head_dim)
+    freqs, axes = _frequencies(head_dim, num_axes, spec), _axes(head_dim, num_axes, spec)
+    freqs.flags.writeable = axes.flags.writeable = False  # shared by the cache
+    return freqs, axes
+
+
+def pair_table(
+    head_dim: int, rope: RopeSpec | None = None, *, num_axes: int = 1, **settings
+) -> tuple[np.ndarray, np.ndarray]:
+    """(frequencies float32 [P], axis of each pair int32 [P]): what drives every pair.
+
+    Computed once per (head_dim, num_axes, spec) and cached (read-only arrays).
+    """
+    return _pair_table(int(head_dim), int(num_axes), RopeSpec.of(rope, **settings))
+
+
 def axis_of_pair(
-    head_dim: int,
-    *,
-    num_axes: int = 1,
-    allocation: str = "interleaved",
-    sections: Sequence[int] | None = None,
+    head_dim: int, rope: RopeSpec | None = None, *, num_axes: int = 1, **settings
 ) -> np.ndarray:
     """Which position axis drives each rotation pair.
 
     Returns:
       int32 [P]: a(i) in [0, A).
     """
-    _check_head_dim(head_dim)
-    _check_choice("allocation", allocation, ALLOCATIONS)
-    if num_axes < 1:
-        raise ValueError(f"num_axes={num_axes} must be >= 1")
-    pairs = head_dim // 2
-    if allocation == "interleaved":
-        return (np.arange(pairs) % num_axes).astype(np.int32)
-    sections = _check_sections(sections, num_axes, head_dim)
-    return np.repeat(np.arange(num_axes), sections).astype(np.int32)
+    return pair_table(head_dim, rope, num_axes=num_axes, **settings)[1]
 
 
 def frequencies(
-    head_dim: int,
-    *,
-    base: float = 10000.0,
-    ladder: str = "standard",
-    num_axes: int = 1,
-    allocation: str = "interleaved",
-    sections: Sequence[int] | None = None,
+    head_dim: int, rope: RopeSpec | None = None, *, num_axes: int = 1, **settings
 ) -> np.ndarray:
     """Rotation frequency of every pair.
 
     "standard": theta_i = base ** (-2 i / H) for i in [0, P), regardless of axes.
     "per_axis": the k-th pair driven by axis a (of n_a pairs) gets base ** (-k / n_a),
     i.e. every axis has the full geometric ladder over its own pairs (for 2-D with
-    interleaved allocation this is the articles' theta_{2j} = theta_{2j+1} = base**(-4j/H)).
+    interleaved allocation this is theta_{2j} = theta_{2j+1} = base**(-4j/H)).
 
     Returns:
       float32 [P].
     """
-    _check_head_dim(head_dim)
-    _check_choice("ladder", ladder, LADDERS)
-    if not base > 1.0:
-        raise ValueError(f"base={base!r} must be > 1")
-    pairs = head_dim // 2
-    if ladder == "standard":
-        exponent = np.arange(pairs, dtype=np.float64) / pairs
-    else:
-        axes = axis_of_pair(head_dim, num_axes=num_axes, allocation=allocation, sections=sections)
-        exponent = np.zeros(pairs, dtype=np.float64)
-        for a in range(num_axes):
-            idx = np.flatnonzero(axes == a)
-            exponent[idx] = np.arange(idx.size) / max(idx.size, 1)
-    return (float(base) ** -exponent).astype(np.float32)
-
-
-def pair_table(
-    head_dim: int,
-    *,
-    num_axes: int = 1,
-    base: float = 10000.0,
-    ladder: str = "standard",
-    allocation: str = "interleaved",
-    sections: Sequence[int] | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(frequencies float32 [P], axis of each pair int32 [P]): what drives every pair."""
-    freqs = frequencies(
-        head_dim,
-        base=base,
-        ladder=ladder,
-        num_axes=num_axes,
-        allocation=allocation,
-        sections=sections,
-    )
-    return freqs, axis_of_pair(
-        head_dim, num_axes=num_axes, allocation=allocation, sections=sections
-    )
+    return pair_table(head_dim, rope, num_axes=num_axes, **settings)[0]
 
 
 # ---------------------------------------------------------------- angles (traced)
@@ -160,15 +212,7 @@ def _num_axes(x_ndim: int, positions) -> int:
     )
 
 
-def angles(
-    positions,
-    *,
-    head_dim: int,
-    base: float = 10000.0,
-    ladder: str = "standard",
-    allocation: str = "interleaved",
-    sections: Sequence[int] | None = None,
-) -> jax.Array:
+def angles(positions, rope: RopeSpec | None = None, *, head_dim: int, **settings) -> jax.Array:
     """Phase of every pair: angle_i = p[a(i)] * theta_i, in float32.
 
     Args:
@@ -178,14 +222,7 @@ def angles(
       float32 [..., P].
     """
     num_axes = int(positions.shape[-1])
-    freqs, axes = pair_table(
-        head_dim,
-        num_axes=num_axes,
-        base=base,
-        ladder=ladder,
-        allocation=allocation,
-        sections=sections,
-    )
+    freqs, axes = pair_table(head_dim, rope, num_axes=num_axes, **settings)
     positions = jnp.asarray(positions).astype(jnp.float32)
     if num_axes == 1:
         per_pair = positions  # [..., 1] broadcasts over P
@@ -195,15 +232,7 @@ def angles(
 
 
 def rotate(
-    x,
-    positions,
-    *,
-    base: float = 10000.0,
-    ladder: str = "standard",
-    layout: str = "half",
-    allocation: str = "interleaved",
-    sections: Sequence[int] | None = None,
-    inverse: bool = False,
+    x, positions, rope: RopeSpec | None = None, *, inverse: bool = False, **settings
 ) -> jax.Array:
     """Rotates x by R_p (or R_p^T with inverse=True) at each token's position p.
 
@@ -212,15 +241,14 @@ def rotate(
     Args:
       x: [B, T, N, H] (any leading dims: [..., T, N, H]).
       positions: [B, T] (1-D) or [B, T, A] (N-D), int or float, may be traced.
-      base, ladder, layout, allocation, sections: see the module docstring.
+      rope: a `RopeSpec` (None = the defaults); `**settings` override its fields
+        (base, ladder, layout, allocation, sections: see the module docstring).
       inverse: apply the inverse rotation R^T (angle -phi), e.g. on attention outputs.
 
     Returns:
       [B, T, N, H] in x's dtype.
     """
-    _check_choice("layout", layout, LAYOUTS)
-    _check_choice("ladder", ladder, LADDERS)
-    _check_choice("allocation", allocation, ALLOCATIONS)
+    spec = RopeSpec.of(rope, **settings)
     if x.ndim < 3:
         raise ValueError(f"x has shape {tuple(x.shape)}: expected [..., T, N, H]")
     head_dim = int(x.shape[-1])
@@ -236,14 +264,7 @@ def rotate(
             raise ValueError(
                 f"positions {tuple(positions.shape)} do not match x {tuple(x.shape)} on [..., T]"
             ) from None
-    phase = angles(
-        positions,
-        head_dim=head_dim,
-        base=base,
-        ladder=ladder,
-        allocation=allocation,
-        sections=sections,
-    )  # [..., T, P]
+    phase = angles(positions, spec, head_dim=head_dim)  # [..., T, P]
     cos, sin = _cos_sin_table(phase)  # [..., T, P] each, float32
     if inverse:
         sin = -sin
@@ -252,7 +273,7 @@ def rotate(
     # Both layouts as y = x * cos + swap(x) * (+-sin), with the two members of a pair on
     # an axis of size 2, so the swap is a reversal of that axis (a strided read, no
     # concatenate: XLA emits it as one vectorised elementwise pass).
-    if layout == "half":
+    if spec.layout == "half":
         xp = xf.reshape(*x.shape[:-1], 2, pairs)  # [..., T, N, 2, P]: (u, v)
         c = cos[..., None, None, :]  # [..., T, 1, 1, P]
         s = sin[..., None, None, :] * _SIGN[:, None]  # [..., T, 1, 2, P]: (-sin, sin)
@@ -287,7 +308,6 @@ def _cos_sin_table(phase):
 
 def _pair_indices(head_dim: int, layout: str) -> tuple[np.ndarray, np.ndarray]:
     """Indices (u_i, v_i) of the two coordinates of pair i in a head vector."""
-    _check_choice("layout", layout, LAYOUTS)
     pairs = head_dim // 2
     if layout == "half":
         return np.arange(pairs), np.arange(pairs) + pairs
@@ -295,14 +315,7 @@ def _pair_indices(head_dim: int, layout: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def generators(
-    head_dim: int,
-    *,
-    num_axes: int = 1,
-    base: float = 10000.0,
-    ladder: str = "standard",
-    layout: str = "half",
-    allocation: str = "interleaved",
-    sections: Sequence[int] | None = None,
+    head_dim: int, rope: RopeSpec | None = None, *, num_axes: int = 1, **settings
 ) -> np.ndarray:
     """Skew-symmetric generators B_a with R_p = expm(sum_a p[a] B_a).
 
@@ -312,16 +325,10 @@ def generators(
     Returns:
       float64 [A, H, H].
     """
-    freqs, axes = pair_table(
-        head_dim,
-        num_axes=num_axes,
-        base=base,
-        ladder=ladder,
-        allocation=allocation,
-        sections=sections,
-    )
+    spec = RopeSpec.of(rope, **settings)
+    freqs, axes = pair_table(head_dim, spec, num_axes=num_axes)
     freqs = freqs.astype(np.float64)
-    u, v = _pair_indices(head_dim, layout)
+    u, v = _pair_indices(head_dim, spec.layout)
     gens = np.zeros((num_axes, head_dim, head_dim))
     gens[axes, v, u] = freqs
     gens[axes, u, v] = -freqs
@@ -329,14 +336,7 @@ def generators(
 
 
 def rotation_matrix(
-    position,
-    *,
-    head_dim: int,
-    base: float = 10000.0,
-    ladder: str = "standard",
-    layout: str = "half",
-    allocation: str = "interleaved",
-    sections: Sequence[int] | None = None,
+    position, rope: RopeSpec | None = None, *, head_dim: int, **settings
 ) -> jax.Array:
     """The explicit rotation R_p, so that rotate(x, p)[..., :] == R_p @ x.
 
@@ -346,30 +346,17 @@ def rotation_matrix(
     Returns:
       float32 [..., H, H].
     """
-    phase = angles(
-        position,
-        head_dim=head_dim,
-        base=base,
-        ladder=ladder,
-        allocation=allocation,
-        sections=sections,
-    )  # [..., P]
+    spec = RopeSpec.of(rope, **settings)
+    phase = angles(position, spec, head_dim=head_dim)  # [..., P]
     cos, sin = jnp.cos(phase), jnp.sin(phase)
-    u, v = _pair_indices(head_dim, layout)
+    u, v = _pair_indices(head_dim, spec.layout)
     mat = jnp.zeros((*phase.shape[:-1], head_dim, head_dim), jnp.float32)
     mat = mat.at[..., u, u].set(cos).at[..., v, v].set(cos)
     return mat.at[..., v, u].set(sin).at[..., u, v].set(-sin)
 
 
 def recover_positions(
-    phase,
-    *,
-    head_dim: int,
-    num_axes: int = 1,
-    base: float = 10000.0,
-    ladder: str = "standard",
-    allocation: str = "interleaved",
-    sections: Sequence[int] | None = None,
+    phase, rope: RopeSpec | None = None, *, head_dim: int, num_axes: int = 1, **settings
 ) -> jax.Array:
     """Inverts the encoding: positions from (possibly wrapped) pair angles.
 
@@ -382,14 +369,7 @@ def recover_positions(
     Returns:
       float32 [..., A].
     """
-    freqs, axes = pair_table(
-        head_dim,
-        num_axes=num_axes,
-        base=base,
-        ladder=ladder,
-        allocation=allocation,
-        sections=sections,
-    )
+    freqs, axes = pair_table(head_dim, rope, num_axes=num_axes, **settings)
     fastest = []
     for a in range(num_axes):
         idx = np.flatnonzero(axes == a)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rope_jax import attention
+from rope_jax.nn import attention
 
 B, T, N, K, H = 2, 7, 4, 2, 8  # GQA: 4 query heads share 2 kv heads; 4 rotation pairs
 ALL_SITES = ["".join(c) for r in range(5) for c in itertools.combinations("qkvo", r)]
@@ -32,7 +32,7 @@ ROPES = {
 
 
 def ref_rotation(pos, rope):
-    """R_p per token from the SPEC formula, built independently of rope_jax.rotary.
+    """R_p per token from the formula in docs/maths.md, built independently of rope_jax.rotary.
 
     pos [..., A] float64 -> [..., H, H]. theta_i = base ** (-2 i / H); pair i is
     (i, i + H/2) ("half") or (2i, 2i + 1) ("interleaved"), driven by axis i mod A or by
@@ -129,7 +129,8 @@ def test_explicit_mask_and_cross_lengths(sites):
 @pytest.mark.parametrize("rope_id", ["A1-half", "A3-sections-interleaved"])
 @pytest.mark.parametrize("sites", ["", "qk", "vo", "qkvo", "v", "o", "q", "k", "qkv"])
 def test_translation(sites, rope_id):
-    """SPEC 2 identity 1: qk / vo / qkvo outputs are relative; v (and others) are not."""
+    """Relativity (docs/maths.md#rotation-sites-vo-rope): qk / vo / qkvo outputs are
+    relative; v (and others) are not."""
     num_axes, rope = ROPES[rope_id]
     q, k, v, qpos, kpos = inputs(5, num_axes)
     shift = np.asarray([3.7, -11.2, 6.1][:num_axes], np.float32)
@@ -144,7 +145,7 @@ def test_translation(sites, rope_id):
 
 
 def test_nope_is_plain_attention():
-    """SPEC 2 identity 2: sites "" equals plain (unrotated) causal GQA attention."""
+    """Identity (docs/maths.md#nope): sites "" equals plain (unrotated) causal GQA attention."""
     q, k, v, qpos, kpos = inputs(6, 3)
     out = attention.attend(
         q, k, v, q_positions=qpos, k_positions=kpos, sites="", rope=ROPES["A1-half"][1],
@@ -212,7 +213,7 @@ def test_tied_equals_attend_with_k_equal_v(rope_id):
 
 @pytest.mark.parametrize("rope_id", ["A1-half", "A3-sections-interleaved"])
 def test_tied_is_relative(rope_id):
-    """SPEC 2 identity 1 for the tied cache: shifting every position leaves the output."""
+    """Relativity of the tied cache: shifting every position leaves the output."""
     num_axes, rope = ROPES[rope_id]
     q, c, _, qpos, kpos = inputs(21, num_axes)
     shift = np.asarray([-7.3, 12.5, 4.25][:num_axes], np.float32)

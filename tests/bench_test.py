@@ -25,7 +25,7 @@ def test_flops_match_a_hand_count():
 
 def test_matmul_params_equal_the_tiny_model_less_embedding_and_norms():
     from configs import lm
-    from rope_jax import model
+    from rope_jax.nn import model
 
     config = lm.get_config("size=tiny")
     config.model.num_layers = 1  # same per-layer count, a faster build
@@ -104,13 +104,13 @@ def test_swiglu_custom_gradient_equals_autodiff():
     import jax.numpy as jnp
     import numpy as np
 
-    from rope_jax import model
+    from rope_jax.nn import layers
 
     gate_up = jax.random.normal(jax.random.key(0), (3, 5, 2, 7), jnp.float32) * 3
     dh = jax.random.normal(jax.random.key(1), (3, 5, 7), jnp.float32)
     plain = lambda a: jax.nn.silu(a[..., 0, :]) * a[..., 1, :]  # noqa: E731
-    np.testing.assert_allclose(model.swiglu(gate_up), plain(gate_up), rtol=1e-6)
-    ours = jax.vjp(model.swiglu, gate_up)[1](dh)[0]
+    np.testing.assert_allclose(layers.swiglu(gate_up), plain(gate_up), rtol=1e-6)
+    ours = jax.vjp(layers.swiglu, gate_up)[1](dh)[0]
     ref = jax.vjp(plain, gate_up)[1](dh)[0]
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6)
 
@@ -119,7 +119,7 @@ def test_attention_with_a_per_head_mask_matches_a_numpy_reference():
     import jax
     import numpy as np
 
-    from rope_jax import attention
+    from rope_jax.nn import attention
 
     b, t, s, n, kh, h = 2, 3, 5, 4, 2, 8
     rng = np.random.default_rng(0)

@@ -4,8 +4,8 @@ import pytest
 from flax import nnx
 
 from configs import common, lm
-from rope_jax import model as model_lib
-from rope_jax import training
+from rope_jax import harness
+from rope_jax.nn import model as model_lib
 
 ORIGINAL = ["nope", "q", "k", "v", "o", "qk", "vo", "qkv", "qkvo"]
 TIED = ["tied_qkvo", "separate_qk_params", "separate_qk_cache"]
@@ -19,7 +19,7 @@ def num_params(config) -> int:
 @pytest.mark.parametrize("row", ORIGINAL + TIED)
 def test_every_row_is_a_valid_config(row):
     config = lm.get_config(f"size=tiny,row={row}")
-    training.check_config(config)
+    harness.check_config(config)
     expected_kv = "tied" if row == "tied_qkvo" else "separate"
     assert config.model.attention.kv == expected_kv
     if row in ORIGINAL:
@@ -82,7 +82,7 @@ def test_precision_rows_change_only_the_compute_dtype():
     base = lm.get_config("size=small").to_dict()
     for row, dtype in (("float32", "float32"), ("bfloat16", "bfloat16")):
         config = precision.get_config(f"size=small,row={row}")
-        training.check_config(config)
+        harness.check_config(config)
         got = config.to_dict()
         assert got["model"].pop("dtype") == dtype and got["model"]["param_dtype"] == "float32"
         base["model"].pop("dtype", None)

@@ -194,13 +194,13 @@ def test_train_checkpoint_state_round_trip(data_dir):
 
 
 def test_prefetch_places_the_same_batches_and_checkpoints_the_consumed_position(data_dir):
-    from rope_jax import sharding
+    from rope_jax import harness, sharding
 
     cfg = _config(data_dir=data_dir)
     place = sharding.batch_sharding(sharding.make_mesh((1,), ("data",)))
     expected = _take(data.make_train_iterator(cfg, seed=0, batch_size=2), 7)
     it = data.make_train_iterator(cfg, seed=0, batch_size=2)
-    batches = sharding.Prefetch(it, place, size=2)
+    batches = harness.Prefetch(it, place, size=2)
     try:
         got = [jax.device_get(b) for b in _take(batches, 3)]
         fourth = next(batches)
@@ -215,7 +215,7 @@ def test_prefetch_places_the_same_batches_and_checkpoints_the_consumed_position(
 
 
 def test_prefetch_raises_the_pipelines_error_in_the_consumer():
-    from rope_jax import sharding
+    from rope_jax import harness, sharding
 
     class Broken:
         def __init__(self):
@@ -231,7 +231,7 @@ def test_prefetch_raises_the_pipelines_error_in_the_consumer():
             return {"x": np.full((2,), self.n, np.int32)}
 
     place = sharding.batch_sharding(sharding.make_mesh((1,), ("data",)))
-    batches = sharding.Prefetch(Broken(), place)
+    batches = harness.Prefetch(Broken(), place)
     assert [int(next(batches)["x"][0]) for _ in range(2)] == [1, 2]
     assert batches.get_state() == {"n": 2}
     for _ in range(2):  # raised again, not a hang

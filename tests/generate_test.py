@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rope_jax import generate, layouts
-from rope_jax import model as model_lib
+from rope_jax import layouts
+from rope_jax.nn import generate
+from rope_jax.nn import model as model_lib
 
 B, V = 2, 19
 ALL_SITES = ["".join(c) for r in range(5) for c in itertools.combinations("qkvo", r)]
@@ -20,7 +21,7 @@ VARIANTS = [("separate", s) for s in ALL_SITES] + [("tied", "qkvo")]
 
 def cfg(kv="separate", sites="qk", **extra):
     rope = dict(sites=sites, base=100.0, ladder="standard", layout="half",
-                allocation="interleaved", sections=(), num_axes=1, scheme="flat")  # fmt: skip
+                allocation="interleaved", sections=())  # fmt: skip
     c = dict(vocab_size=V, num_layers=2, embed_dim=32, num_heads=4, num_kv_heads=2,
              head_dim=8, mlp_dim=48, dtype="float32", param_dtype="float32", patch_dim=0,
              attention=dict(kv=kv), rope=rope)  # fmt: skip
@@ -73,8 +74,8 @@ def test_prefill_then_decode_equals_full_forward(kv, sites):
 @pytest.mark.parametrize("kv,sites", [("separate", "qk"), ("separate", "vo"), ("tied", "qkvo")])
 def test_cache_layout_and_chunked_prefill(kv, sites):
     """The cache holds rotated k/v (or c) only; a prompt fed in chunks gives the same logits."""
-    config = cfg(kv, sites, **{"rope.num_axes": 2})
-    model = model_lib.Decoder(config, rngs=nnx.Rngs(1))
+    config = cfg(kv, sites)
+    model = model_lib.Decoder(config, num_axes=2, rngs=nnx.Rngs(1))
     tok = tokens(2, 9)
     pos = jnp.asarray(np.random.default_rng(3).uniform(0, 30, (B, 9, 2)), jnp.float32)
     full = model(tok, pos)
@@ -89,10 +90,9 @@ def test_cache_layout_and_chunked_prefill(kv, sites):
 
 
 def mm_model(kv="separate", sites="qkvo"):
-    rope = {"rope.num_axes": 3, "rope.allocation": "sections", "rope.sections": (1, 1, 2),
-            "rope.scheme": "rope_tv"}  # fmt: skip
+    rope = {"rope.allocation": "sections", "rope.sections": (1, 1, 2)}
     config = cfg(kv, sites, patch_dim=6, **rope)
-    return model_lib.Decoder(config, rngs=nnx.Rngs(4))
+    return model_lib.Decoder(config, num_axes=3, rngs=nnx.Rngs(4))
 
 
 def mm_inputs(prompt, generated: int, seed=5):
@@ -123,7 +123,7 @@ def test_multimodal_prompt_then_text_decode(prompt_id, kv, sites):
     n = layouts.num_tokens(prompt)
     start = layouts.next_position(prompt, "rope_tv", 3)
     np.testing.assert_array_equal(
-        np.asarray(pos[:, n:]), generate.text_positions([start] * B, 4, 3)
+        np.asarray(pos[:, n:]), layouts.text_positions([start] * B, 4, 3)
     )
     if prompt_id == "text-video":
         assert start != float(pos[0, n - 1].max()) + 1  # not "last position + 1"

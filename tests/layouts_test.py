@@ -1,4 +1,4 @@
-"""Tests for rope_jax.layouts: SPEC.md section 3 identities, Qwen2-VL parity, errors."""
+"""Tests for rope_jax.layouts: docs/maths.md#multimodal-layouts identities, Qwen2-VL parity."""
 
 import time
 
@@ -85,7 +85,7 @@ def test_text_only_is_rope_1d(segs):
 
 
 def test_golden_small_examples():
-    # Text(2), Image(h=2, w=3), Text(1): L = 1, computed by hand from SPEC.md section 3.
+    # Text(2), Image(h=2, w=3), Text(1): L = 1, computed by hand (docs/maths.md).
     segs = [Text(2), Image(h=2, w=3), Text(1)]
     text = [[0, 0], [1, 1]]
     expected = {

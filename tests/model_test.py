@@ -1,4 +1,4 @@
-"""Tests for rope_jax.model: shapes, config validation, causality, precision, training."""
+"""Tests for rope_jax.model: shapes, config validation, causality, precision, harness."""
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +10,8 @@ from flax import nnx
 from flax.core import spmd as flax_spmd
 from jax.sharding import PartitionSpec as P
 
-from rope_jax import model as model_lib
+from rope_jax.nn import layers
+from rope_jax.nn import model as model_lib
 
 B, T = 2, 12
 
@@ -37,8 +38,6 @@ def tiny_cfg(**overrides):
                 layout="half",
                 allocation="interleaved",
                 sections=(),
-                num_axes=1,
-                scheme="flat",
             ),
         )
     )
@@ -65,8 +64,8 @@ def test_text_forward_shape_and_dtype(sites):
 
 
 def test_patch_forward():
-    cfg = tiny_cfg(patch_dim=6, **{"rope.num_axes": 3, "rope.sites": "qkvo"})
-    model = model_lib.Decoder(cfg, rngs=nnx.Rngs(0))
+    cfg = tiny_cfg(patch_dim=6, **{"rope.sites": "qkvo"})
+    model = model_lib.Decoder(cfg, num_axes=3, rngs=nnx.Rngs(0))
     rng = np.random.default_rng(0)
     patches = jnp.asarray(rng.normal(size=(B, T, 6)), jnp.float32)
     is_patch = jnp.zeros((B, T), bool).at[:, 3:9].set(True)
@@ -103,8 +102,8 @@ def test_causal(sites):
 
 def test_text_positions_default_and_degeneracy():
     """positions=None == arange(T) on all axes; on text, 3-D sections RoPE == 1-D RoPE."""
-    nd = {"rope.num_axes": 3, "rope.allocation": "sections", "rope.sections": (1, 1, 2)}
-    model3 = model_lib.Decoder(tiny_cfg(**nd), rngs=nnx.Rngs(3))
+    nd = {"rope.allocation": "sections", "rope.sections": (1, 1, 2)}
+    model3 = model_lib.Decoder(tiny_cfg(**nd), num_axes=3, rngs=nnx.Rngs(3))
     model1 = model_lib.Decoder(tiny_cfg(), rngs=nnx.Rngs(3))  # same seed -> same params
     tok = tokens(4)
     pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.float32)[None, :, None], (B, T, 3))
@@ -124,7 +123,7 @@ def test_bfloat16_compute():
 
 
 def test_rms_norm():
-    norm = model_lib.RMSNorm(16, param_dtype=jnp.float32)
+    norm = layers.RMSNorm(16, param_dtype=jnp.float32)
     x = jnp.asarray(np.random.default_rng(6).normal(size=(3, 16)), jnp.float32)
     y = norm(x)
     np.testing.assert_allclose(np.sqrt(np.mean(np.square(y), -1)), 1.0, rtol=1e-4)
@@ -153,7 +152,7 @@ def test_params_carry_logical_names():
     assert names["patch_embed"][0] == ("patch", "embed")
     assert names["head"][0] == ("embed", "vocab")
     assert names["blocks/0/attn/q_proj"][0] == ("embed", "heads", "head_dim")
-    assert names["blocks/1/attn/k_proj"][0] == ("embed", "kv", "head_dim")
+    assert names["blocks/1/attn/k_proj"][0] == ("embed", "kv_heads", "head_dim")
     assert names["blocks/1/attn/o_proj"][0] == ("heads", "head_dim", "embed")
     assert names["blocks/0/mlp/down"][0] == ("mlp", "embed")
     assert names["blocks/0/mlp_norm/scale"][0] == ("embed",)
@@ -169,18 +168,18 @@ BAD_CONFIGS = [
     ({"num_heads": 4, "num_kv_heads": 3}, "model.num_kv_heads=3"),
     ({"rope.allocation": "sections", "rope.sections": (2, 2)}, "model.rope.sections"),
     (
-        {"rope.allocation": "sections", "rope.num_axes": 3, "rope.sections": (1, 1)},
+        {"rope.allocation": "sections", "num_axes": 3, "rope.sections": (1, 1)},
         "model.rope.sections=(1, 1)",
     ),
     (
-        {"rope.allocation": "sections", "rope.num_axes": 3, "rope.sections": (1, 1, 1)},
+        {"rope.allocation": "sections", "num_axes": 3, "rope.sections": (1, 1, 1)},
         "sum to head_dim/2=4",
     ),
     ({"rope.ladder": "linear"}, "model.rope.ladder='linear'"),
     ({"rope.layout": "neox"}, "model.rope.layout='neox'"),
     ({"rope.allocation": "random"}, "model.rope.allocation='random'"),
     ({"rope.base": 1.0}, "model.rope.base=1.0"),
-    ({"rope.num_axes": 0}, "model.rope.num_axes=0"),
+    ({"num_axes": 0}, "num_axes=0"),
     ({"dtype": "float16"}, "model.dtype='float16'"),
     ({"param_dtype": "int8"}, "model.param_dtype='int8'"),
     ({"vocab_size": 0}, "model.vocab_size=0"),
@@ -195,17 +194,20 @@ BAD_CONFIGS = [
 
 @pytest.mark.parametrize("overrides,message", BAD_CONFIGS, ids=[m for _, m in BAD_CONFIGS])
 def test_check_config(overrides, message):
+    """`num_axes` (the data's position axes) is passed beside the model config."""
+    overrides = dict(overrides)
+    num_axes = overrides.pop("num_axes", 1)
     cfg = tiny_cfg(**overrides)
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        model_lib.check_config(cfg)
-    with pytest.raises(ValueError, match="model."):
-        model_lib.Decoder(cfg, rngs=nnx.Rngs(0))
+        model_lib.check_config(cfg, num_axes)
+    with pytest.raises(ValueError, match="model.|num_axes"):
+        model_lib.Decoder(cfg, num_axes=num_axes, rngs=nnx.Rngs(0))
 
 
 def test_check_config_accepts_valid():
     model_lib.check_config(tiny_cfg())
     model_lib.check_config(
-        tiny_cfg(**{"rope.allocation": "sections", "rope.num_axes": 3, "rope.sections": (2, 1, 1)})
+        tiny_cfg(**{"rope.allocation": "sections", "rope.sections": (2, 1, 1)}), num_axes=3
     )
 
 
@@ -257,11 +259,9 @@ def test_tied_model_params_cache_and_gradients():
 
 def test_tied_model_is_relative_and_equals_tied_weight_separate_model():
     """Shifting every position leaves the logits; same as separate qkvo with W_k = W_v."""
-    cfg = tiny_cfg(**{"attention.kv": "tied", "rope.sites": "qkvo", "rope.num_axes": 2})
-    tied = model_lib.Decoder(cfg, rngs=nnx.Rngs(2))
-    sep = model_lib.Decoder(
-        tiny_cfg(**{"rope.sites": "qkvo", "rope.num_axes": 2}), rngs=nnx.Rngs(2)
-    )
+    cfg = tiny_cfg(**{"attention.kv": "tied", "rope.sites": "qkvo"})
+    tied = model_lib.Decoder(cfg, num_axes=2, rngs=nnx.Rngs(2))
+    sep = model_lib.Decoder(tiny_cfg(**{"rope.sites": "qkvo"}), num_axes=2, rngs=nnx.Rngs(2))
     flat = dict(nnx.to_flat_state(nnx.state(tied, nnx.Param)))
     for path, var in nnx.to_flat_state(nnx.state(sep, nnx.Param)):
         name = path[:-1] + ("kv_proj",) if path[-1] in ("k_proj", "v_proj") else path

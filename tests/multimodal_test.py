@@ -15,9 +15,11 @@ from sklearn.datasets import load_digits
 
 from configs import common
 from configs import multimodal as mm_config
-from rope_jax import layouts, metrics, training
-from rope_jax.data import digits, multimodal, pipeline
+from rope_jax import data, harness, layouts
+from rope_jax.data import digits, multimodal
 from rope_jax.data.tokenizer import PAD_ID
+from rope_jax.experiments import plan
+from rope_jax.harness import metrics
 
 DIGIT_SPLITS = ("train", "validation", "test")
 SPLITS = ("train", "validation", "test", "larger", "aspect", "long_prefix")
@@ -214,7 +216,7 @@ def generated(data_dir, source_of):
         config = _config(data_dir, video=video)
         names = multimodal.tasks(config.data)
         for split in SPLITS:
-            ex = multimodal.Examples(config.data, config.model.rope, split=split, seed=11)
+            ex = multimodal.Examples(config.data, split=split, seed=11)
             parsed = []
             for i in range(PER_SPLIT[video]):
                 k, seq = ex.example(i)
@@ -338,7 +340,7 @@ def _check_row(batch, row, k, seq, scheme, num_axes, source_of, task_names):
     assert not batch["is_patch"][row, n:].any()
     assert batch["task"][row] == k
     # The answer, from the batch alone: weighted targets, patches as stored in the batch.
-    rebuilt = multimodal.Sequence()
+    rebuilt = multimodal.Question()
     rebuilt.segments = list(seq.segments)
     rebuilt.tokens = [int(batch["inputs"][row, 0]), *batch["targets"][row, :n].tolist()]
     rebuilt.patches = [
@@ -366,10 +368,10 @@ SCHEME_CASES += [(True, s) for s in ("flat", "mrope", "rope_tv")]
 
 @pytest.mark.parametrize("video,scheme", SCHEME_CASES)
 def test_batch_rows_match_examples(data_dir, source_of, video, scheme):
-    config = _config(data_dir, video=video, **{"model.rope.scheme": scheme})
+    config = _config(data_dir, video=video, **{"data.scheme": scheme})
     num_axes = 3 if video else 2
     names = multimodal.tasks(config.data)
-    ex = multimodal.Examples(config.data, config.model.rope, split="train", seed=5)
+    ex = multimodal.Examples(config.data, split="train", seed=5)
     indices = np.arange(40, 40 + 3 * B)
     for chunk in indices.reshape(3, B):
         batch = ex(chunk)
@@ -382,8 +384,8 @@ def test_batch_rows_match_examples(data_dir, source_of, video, scheme):
 
 def test_mrope_positions_by_hand(data_dir):
     """One independent layout: M-RoPE places patch (r, c) at L + (r, c)."""
-    config = _config(data_dir, **{"model.rope.scheme": "mrope", "data.tasks": ("lookup_after",)})
-    ex = multimodal.Examples(config.data, config.model.rope, split="train", seed=0)
+    config = _config(data_dir, **{"data.scheme": "mrope", "data.tasks": ("lookup_after",)})
+    ex = multimodal.Examples(config.data, split="train", seed=0)
     batch = ex(np.arange(B))
     for row in range(B):
         _, seq = ex.example(row)
@@ -407,13 +409,11 @@ def _same(a, b):
 
 
 def _train_iter(config, seed, **kw):
-    return pipeline.make_train_iterator(
-        config.data, seed=seed, batch_size=B, rope=config.model.rope, **kw
-    )
+    return data.make_train_iterator(config.data, seed=seed, batch_size=B, **kw)
 
 
 def test_train_iterator(data_dir, source_of):
-    config = _config(data_dir, **{"model.rope.scheme": "rope_tv"})
+    config = _config(data_dir, **{"data.scheme": "rope_tv"})
     first = _take(_train_iter(config, 3), 3)
     for batch in first:
         _check_fields(batch, B, 48, 2)
@@ -425,7 +425,7 @@ def test_train_iterator(data_dir, source_of):
         np.array_equal(a["inputs"], b["inputs"]) for a, b in zip(first, other, strict=True)
     )
     # Batch b holds examples b*B .. b*B + B - 1 of the seed.
-    ex = multimodal.Examples(config.data, config.model.rope, split="train", seed=3)
+    ex = multimodal.Examples(config.data, split="train", seed=3)
     names = multimodal.tasks(config.data)
     for row in range(B):
         k, seq = ex.example(B + row)
@@ -433,7 +433,7 @@ def test_train_iterator(data_dir, source_of):
 
 
 def test_train_iterator_resumes_exactly(data_dir):
-    config = _config(data_dir, video=True, **{"model.rope.scheme": "mrope"})
+    config = _config(data_dir, video=True, **{"data.scheme": "mrope"})
     it = _train_iter(config, 9)
     _take(it, 2)
     state = json.loads(json.dumps(it.get_state()))
@@ -447,18 +447,16 @@ def test_train_iterator_resumes_exactly(data_dir):
 
 def test_sharded_iterators_split_the_global_batch(data_dir):
     config = _config(data_dir)
-    whole = pipeline.make_train_iterator(
-        config.data, seed=2, batch_size=2 * B, rope=config.model.rope
-    )
+    whole = data.make_train_iterator(config.data, seed=2, batch_size=2 * B)
     parts = [_train_iter(config, 2, process_index=p, process_count=2) for p in (0, 1)]
     for _ in range(2):
         a, b, w = next(parts[0]), next(parts[1]), next(whole)
         for key in w:
             np.testing.assert_array_equal(np.concatenate([a[key], b[key]]), w[key])
-    kw = dict(split="test", num_batches=2, rope=config.model.rope)
-    whole = list(pipeline.make_eval_iterator(config.data, batch_size=2 * B, **kw))
+    kw = dict(split="test", num_batches=2)
+    whole = list(data.make_eval_iterator(config.data, batch_size=2 * B, **kw))
     parts = [
-        list(pipeline.make_eval_iterator(config.data, batch_size=B, process_index=p,
+        list(data.make_eval_iterator(config.data, batch_size=B, process_index=p,
                                          process_count=2, **kw))
         for p in (0, 1)
     ]  # fmt: skip
@@ -475,8 +473,8 @@ def test_eval_iterator(data_dir, source_of, video):
     config = _config(data_dir, video=video)
     t = multimodal.eval_seq_len(config.data)
     assert t % 8 == 0 and t >= config.data.seq_len
-    kw = dict(batch_size=B, num_batches=2, rope=config.model.rope)
-    batches = list(pipeline.make_eval_iterator(config.data, split="larger", **kw))
+    kw = dict(batch_size=B, num_batches=2)
+    batches = list(data.make_eval_iterator(config.data, split="larger", **kw))
     assert len(batches) == 2
     for batch in batches:
         _check_fields(batch, B, t, 3 if video else 2)
@@ -484,17 +482,15 @@ def test_eval_iterator(data_dir, source_of, video):
         assert np.all(batch["task"] >= 0) and np.all(batch["weights"].sum(1) >= 1)
     # Same examples whatever the training seed, and on every pass.
     reseeded = _config(data_dir, video=video, seed=1234)
-    ds = pipeline.make_eval_iterator(reseeded.data, split="larger", **kw)
+    ds = data.make_eval_iterator(reseeded.data, split="larger", **kw)
     assert _same(batches, list(ds)) and _same(batches, list(ds))
-    other = list(pipeline.make_eval_iterator(config.data, split="aspect", **kw))
+    other = list(data.make_eval_iterator(config.data, split="aspect", **kw))
     assert not np.array_equal(other[0]["inputs"], batches[0]["inputs"])
     # Row r of batch b is example b*B + r of the split, generated from the split's own
     # seed; its patches are held-out test digits and its answers check out.
-    ex = multimodal.Examples(
-        config.data, config.model.rope, split="larger", seed=multimodal._split_seed("larger")
-    )
+    ex = multimodal.Examples(config.data, split="larger", seed=multimodal._split_seed("larger"))
     names = multimodal.tasks(config.data)
-    scheme, num_axes = config.model.rope.scheme, 3 if video else 2
+    scheme, num_axes = config.data.scheme, 3 if video else 2
     for b, batch in enumerate(batches):
         for row in range(B):
             k, seq = ex.example(b * B + row)
@@ -506,7 +502,7 @@ def test_eval_iterator(data_dir, source_of, video):
 def test_eval_iterator_pads_the_last_batch(data_dir):
     config = _config(data_dir, **{"data.seq_len": 64})
     ds = multimodal.make_eval_iterator(
-        config.data, config.model.rope, split="validation", batch_size=B, num_examples=6,
+        config.data, split="validation", batch_size=B, num_examples=6,
         shard=(0, 1),
     )  # fmt: skip
     batches = list(ds)
@@ -517,7 +513,7 @@ def test_eval_iterator_pads_the_last_batch(data_dir):
     assert np.all(weights[:6].sum(1) >= 1) and np.all(weights[6:] == 0)
     full = list(
         multimodal.make_eval_iterator(
-            config.data, config.model.rope, split="validation", batch_size=B, num_examples=8,
+            config.data, split="validation", batch_size=B, num_examples=8,
             shard=(0, 1),
         )
     )  # fmt: skip
@@ -572,10 +568,8 @@ def test_eval_seq_len_fits_every_split(generated, data_dir, video):
     [
         (False, {"model.patch_dim": 48}, r"model\.patch_dim=48"),
         (False, {"model.patch_dim": 0}, r"model\.patch_dim=0"),
-        (False, {"model.rope.num_axes": 3}, r"model\.rope\.num_axes=3"),
-        (True, {"model.rope.num_axes": 2}, r"model\.rope\.num_axes=2"),
-        (True, {"model.rope.scheme": "rope_tie"}, r"model\.rope\.scheme='rope_tie'"),
-        (True, {"model.rope.scheme": "rope_tie_frac"}, r"model\.rope\.scheme='rope_tie_frac'"),
+        (True, {"data.scheme": "rope_tie"}, r"data\.scheme='rope_tie'"),
+        (True, {"data.scheme": "rope_tie_frac"}, r"data\.scheme='rope_tie_frac'"),
         (False, {"data.tasks": ("read", "count")}, r"data\.tasks=.*count"),
         (True, {"data.tasks": ("lookup_after",)}, r"data\.tasks=.*lookup_after"),
         (False, {"eval.splits": ("test", "huge")}, r"eval\.splits.*'huge'"),
@@ -587,7 +581,7 @@ def test_eval_seq_len_fits_every_split(generated, data_dir, video):
 def test_check_config_names_the_field(data_dir, video, overrides, match):
     config = _config(data_dir, video=video, **overrides)
     with pytest.raises(ValueError, match=match):
-        training.check_config(config)
+        harness.check_config(config)
     with pytest.raises(ValueError, match=match):
         multimodal.check_config(config.data, config.model, config.eval.splits)
 
@@ -599,7 +593,7 @@ def test_check_config_names_the_field(data_dir, video, overrides, match):
 def test_check_config_checks_train_split(data_dir, train_split, match):
     config = _config(data_dir, **{"data.train_split": train_split})
     with pytest.raises(ValueError, match=match):
-        training.check_config(config)
+        harness.check_config(config)
 
 
 def test_seq_len_check_is_tight(data_dir):
@@ -608,17 +602,34 @@ def test_seq_len_check_is_tight(data_dir):
         fam = multimodal.FAMILIES[FAMILY[video]]
         train = fam.splits["train"]
         need = max(_worst_length(t, train.shapes, train.fill[1]) for t in fam.tasks) - 1
-        training.check_config(_config(data_dir, video=video, **{"data.seq_len": need}))
+        harness.check_config(_config(data_dir, video=video, **{"data.seq_len": need}))
         with pytest.raises(ValueError, match="data.seq_len"):
-            training.check_config(_config(data_dir, video=video, **{"data.seq_len": need - 1}))
+            harness.check_config(_config(data_dir, video=video, **{"data.seq_len": need - 1}))
 
 
-def test_iterators_need_rope(data_dir):
-    config = _config(data_dir)
-    with pytest.raises(ValueError, match=r"rope=config\.model\.rope"):
-        pipeline.make_train_iterator(config.data, seed=0, batch_size=B)
-    with pytest.raises(ValueError, match=r"rope=config\.model\.rope"):
-        pipeline.make_eval_iterator(config.data, split="test", batch_size=B, rope=None)
+@pytest.mark.parametrize(
+    "video,overrides",
+    [
+        (False, {"model.rope.allocation": "sections", "model.rope.sections": (4, 4, 8)}),
+        (True, {"model.rope.allocation": "sections", "model.rope.sections": (8, 8)}),
+    ],
+    ids=["image-3-sections", "video-2-sections"],
+)
+def test_rotation_axes_must_match_the_data(data_dir, video, overrides):
+    """The data decides A (2 image, 3 video); the rotation's sections must have A entries."""
+    config = _config(data_dir, video=video, **overrides)
+    with pytest.raises(ValueError, match=r"model\.rope\.sections=.*axes"):
+        harness.check_config(config)
+
+
+def test_iterators_place_patches_with_data_scheme(data_dir):
+    """`data.scheme` alone decides the batches' positions (no model field needed)."""
+    batches = {}
+    for scheme in ("mrope", "rope_tv"):
+        config = _config(data_dir, **{"data.scheme": scheme})
+        batches[scheme] = next(data.make_train_iterator(config.data, seed=0, batch_size=B))
+    assert np.array_equal(batches["mrope"]["inputs"], batches["rope_tv"]["inputs"])
+    assert not np.array_equal(batches["mrope"]["positions"], batches["rope_tv"]["positions"])
 
 
 @pytest.mark.parametrize("video", [False, True], ids=["image", "video"])
@@ -629,11 +640,11 @@ def test_every_row_is_a_valid_config(data_dir, video):
         assert set(rows) == {r for r in mm_config.ROWS if not r.startswith("rope_tie")}
     for row in rows:
         config = _config(data_dir, video=video, arg=f"row={row}")
-        training.check_config(config)
+        harness.check_config(config)
         assert config.data.name == FAMILY[video]
-        assert config.model.rope.num_axes == (3 if video else 2)
+        assert data.kind(config.data).num_axes == (3 if video else 2)
         for key, value in rows[row].items():
-            assert config.model.rope[key] == value
+            assert plan.leaves(config)[key] == value
     if not video:
         with pytest.raises(ValueError, match="row='rope_tie'"):
             mm_config.get_config("video=true,row=rope_tie")
@@ -735,7 +746,7 @@ def test_answer_metrics_on_a_real_batch(data_dir):
     config = _config(data_dir, **{"data.tasks": ("read", "compare"), "data.seq_len": 64})
     batches = list(
         multimodal.make_eval_iterator(
-            config.data, config.model.rope, split="test", batch_size=8, num_examples=6,
+            config.data, split="test", batch_size=8, num_examples=6,
             shard=(0, 1),
         )
     )  # fmt: skip

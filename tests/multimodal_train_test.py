@@ -11,7 +11,9 @@ import pytest
 import eval as eval_lib
 import train
 from configs import multimodal
-from rope_jax import data, metrics, sweep, training
+from rope_jax import data, harness
+from rope_jax.experiments import report as report_lib
+from rope_jax.harness import metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST_XLA = {"XLA_FLAGS": "--xla_backend_optimization_level=0"}
@@ -70,14 +72,14 @@ def test_training_logs_answer_accuracy_and_eval_scores_every_held_out_split(data
 def test_video_rows_train_on_three_axes(data_dir, tmp_path):
     config = tiny(data_dir, "video=true,row=mrope", **{"train.num_steps": 3})
     out = train.train_and_evaluate(config, str(tmp_path))
-    assert out["questions"] == 16 and set(training.task_names_of(config)) == {
+    assert out["questions"] == 16 and set(data.kind(config.data).task_names) == {
         "video_lookup", "video_lookup_before"}  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "arg, overrides, match",
     [
-        ("video=true,row=mrope", {"model.rope.scheme": "rope_tie"}, "defined for images only"),
+        ("video=true,row=mrope", {"data.scheme": "rope_tie"}, "defined for images only"),
         ("row=mrope", {"eval.splits": ("test", "huge")}, "eval.splits names unknown split"),
         ("row=mrope", {"model.patch_dim": 16}, "model.patch_dim=16 must be 64"),
         ("row=flat", {"data.tasks": ("lookup", "read")}, "unknown task"),
@@ -91,7 +93,7 @@ def test_bad_multimodal_configs_fail_before_compiling(data_dir, tmp_path, arg, o
 
 
 def test_dry_run_of_a_multimodal_config(data_dir):
-    report = training.dry_run(tiny(data_dir))
+    report = harness.dry_run(tiny(data_dir))
     assert report["parameters"] > 0 and report["temp_bytes_per_device"] > 0
 
 
@@ -101,8 +103,8 @@ def test_sweep_scores_rows_by_answer_accuracy_on_each_split(data_dir, tmp_path):
             f"--results={tmp_path}/table", "--set", ",".join(f"{k}={v}" for k, v in TINY.items()),
             "--set", f"data.data_dir={data_dir}"]  # fmt: skip
     env = dict(os.environ, **FAST_XLA)
-    proc = subprocess.run([sys.executable, "-m", "rope_jax.sweep", *argv], cwd=ROOT, env=env,
-                          capture_output=True, text=True)  # fmt: skip
+    cmd = [sys.executable, "-m", "rope_jax.experiments.sweep", *argv]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "answer accuracy test" in proc.stdout
     report = json.loads((tmp_path / "table.json").read_text())
@@ -112,9 +114,9 @@ def test_sweep_scores_rows_by_answer_accuracy_on_each_split(data_dir, tmp_path):
         saved = json.loads((workdir / row / "seed_0" / "eval_6.json").read_text())
         assert run["accuracy"] == {s: saved[s]["answer_accuracy"] for s in multimodal.HELD_OUT}
     md = (tmp_path / "table.md").read_text()
-    assert md == sweep.render_splits_markdown(report)
+    assert md == report_lib.render_splits_markdown(report)
     assert "| row | overrides | test acc | larger acc | aspect acc | long_prefix acc |" in md
     assert "## Answer accuracy per task" in md and (tmp_path / "table.png").stat().st_size > 0
-    ranked = sweep.split_summary(report)
+    ranked = report_lib.split_summary(report)
     tests = [r["acc"]["test"][0] for r in ranked]
     assert tests == sorted(tests, reverse=True) and [r["rank"] for r in ranked] == [1, 2]

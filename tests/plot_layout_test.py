@@ -1,10 +1,11 @@
-"""Tests for rope_jax.plot_layout: the drawn markers are layouts.positions, CLI and errors."""
+"""Tests for rope_jax.experiments.plot_layout: markers are layouts.positions, CLI, errors."""
 
 import matplotlib.image
 import numpy as np
 import pytest
 
-from rope_jax import layouts, plot_layout
+from rope_jax import layouts
+from rope_jax.experiments import plot_layout
 
 IMAGE = "text:4,image:3x5,text:3"
 VIDEO = "text:2,video:2x3x3,text:2"
@@ -131,6 +132,7 @@ def test_command_in_suptitle():
         ["--scheme=all", f"--segments={IMAGE}", "--out=results/layouts.png"]
     )
     assert plot_layout.command_line(args) == (
-        'python -m rope_jax.plot_layout --scheme=all --segments="text:4,image:3x5,text:3" '
+        "python -m rope_jax.experiments.plot_layout --scheme=all "
+        '--segments="text:4,image:3x5,text:3" '
         "--out=results/layouts.png"
     )

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rope_jax import recurrence, rotary
+from rope_jax import rotary
+from rope_jax.nn import recurrence
 
 B, T, N, H = 2, 9, 3, 12  # 6 rotation pairs
 # (num_axes, rope kwargs): 1-D text, 2-D and 3-D with both allocations.

@@ -1,4 +1,4 @@
-"""Tests for rope_jax.rotary: SPEC.md section 1 identities, golden parity, precision."""
+"""Tests for rope_jax.rotary: the identities of docs/maths.md#rotation, golden parity, precision."""
 
 import itertools
 

@@ -22,8 +22,8 @@ from flax import nnx
 from jax.sharding import AbstractMesh, AxisType
 from jax.sharding import PartitionSpec as P
 
-from rope_jax import model as model_lib
 from rope_jax import sharding
+from rope_jax.nn import model as model_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -46,8 +46,6 @@ CFG = dict(
         layout="half",
         allocation="sections",
         sections=(1, 1, 2),
-        num_axes=3,
-        scheme="flat",
     ),
 )
 
@@ -56,11 +54,12 @@ SCRIPT = textwrap.dedent(
     import json, sys
     import jax, jax.numpy as jnp, ml_collections, numpy as np, optax
     from flax import nnx
-    from rope_jax import model as model_lib, sharding
+    from rope_jax import harness, sharding
+    from rope_jax.nn import model as model_lib
 
     out = {"devices": jax.device_count()}
     cfg = ml_collections.ConfigDict(json.loads(sys.argv[1]))
-    make = lambda: model_lib.Decoder(cfg, rngs=nnx.Rngs(0))
+    make = lambda: model_lib.Decoder(cfg, num_axes=3, rngs=nnx.Rngs(0))
 
     mesh = sharding.make_mesh((-1, 2, 2))
     out["mesh_shape"] = dict(mesh.shape)
@@ -132,13 +131,13 @@ SCRIPT = textwrap.dedent(
 
     batch_sharding = sharding.batch_sharding(mesh, rules)
     batch = {"inputs": np.zeros((8, 5), np.int32), "weights": np.ones((8, 5), np.float32)}
-    placed = sharding.put_batch(batch, batch_sharding)
+    placed = harness.put_batch(batch, batch_sharding)
     out["batch_spec"] = spec_str(placed["inputs"].sharding.spec)
     out["batch_shard_shape"] = list(placed["weights"].addressable_shards[0].data.shape)
     out["abstract_batch"] = {k: [list(v.shape), str(v.dtype), spec_str(v.sharding.spec)]
-                             for k, v in sharding.abstract_batch(8, 5, batch_sharding).items()}
-    out["bytes_per_device"] = sharding.bytes_per_device(params)
-    out["num_elements"] = sharding.num_elements(params)
+                             for k, v in harness.abstract_batch(8, 5, batch_sharding).items()}
+    out["bytes_per_device"] = harness.bytes_per_device(params)
+    out["num_elements"] = harness.num_elements(params)
     print("RESULT " + json.dumps(out))
     """
 )
@@ -146,7 +145,7 @@ SCRIPT = textwrap.dedent(
 
 def single_device_run():
     """The same model and inputs in this one-device process: (flat params, logits)."""
-    model = model_lib.Decoder(ml_collections.ConfigDict(CFG), rngs=nnx.Rngs(0))
+    model = model_lib.Decoder(ml_collections.ConfigDict(CFG), num_axes=3, rngs=nnx.Rngs(0))
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 19, (4, 10)), jnp.int32)
     pos = jnp.asarray(np.random.default_rng(1).uniform(0, 9, (4, 10, 3)), jnp.float32)
     flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
@@ -260,7 +259,7 @@ def test_logical_to_spec():
     assert spec == P(("data", "fsdp"), None, None)  # fsdp used by batch first
     spec = sharding.logical_to_spec(("batch", "embed"), rules, shape=(2, 6), mesh=MESH)
     assert spec == P("data", "fsdp")  # batch 2 fits data only, leaving fsdp for embed
-    spec = sharding.logical_to_spec(("heads", "kv"), rules, shape=(4, 4), mesh=MESH)
+    spec = sharding.logical_to_spec(("heads", "kv_heads"), rules, shape=(4, 4), mesh=MESH)
     assert spec == P("tensor", None)  # a mesh axis is used once per array
     assert sharding.logical_to_spec(("unknown", None), rules) == P(None, None)
     assert sharding.logical_to_spec(None) == P()

@@ -14,7 +14,8 @@ import pytest
 from ml_collections.config_flags import tuple_parser
 
 from configs import common
-from rope_jax import sweep
+from rope_jax.experiments import plan, sweep
+from rope_jax.experiments import report as report_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ("model.num_layers=1,model.embed_dim=32,model.num_heads=2,model.num_kv_heads=1,"
@@ -27,54 +28,56 @@ FAST_XLA = {"XLA_FLAGS": "--xla_backend_optimization_level=0"}
 
 
 def test_mean_std_and_ranks():
-    assert sweep.mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)  # sample std (ddof=1)
-    assert sweep.mean_std([2.5]) == (2.5, None)  # one seed: no std, no crash
-    assert sweep.ranks({"a": 3.0, "b": 1.0, "c": 2.0, "d": 1.0}) == {"a": 4, "b": 1, "c": 3, "d": 1}
+    assert report_lib.mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)  # sample std (ddof=1)
+    assert report_lib.mean_std([2.5]) == (2.5, None)  # one seed: no std, no crash
+    ranked = report_lib.ranks({"a": 3.0, "b": 1.0, "c": 2.0, "d": 1.0})
+    assert ranked == {"a": 4, "b": 1, "c": 3, "d": 1}
 
 
 def test_kendall_tau_on_known_permutations():
     ours = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}
-    tau, p, n = sweep.kendall(ours, {"a": 10, "b": 20, "c": 30, "d": 40, "extra": 0})
+    tau, p, n = report_lib.kendall(ours, {"a": 10, "b": 20, "c": 30, "d": 40, "extra": 0})
     assert (tau, n) == (1.0, 4) and p == pytest.approx(2 / 24)  # exact: 2 of 4! orders
-    assert sweep.kendall(ours, {"a": 4, "b": 3, "c": 2, "d": 1})[0] == -1.0
+    assert report_lib.kendall(ours, {"a": 4, "b": 3, "c": 2, "d": 1})[0] == -1.0
     # One adjacent swap: 5 concordant, 1 discordant pair of 6 -> tau = 4/6.
-    assert sweep.kendall(ours, {"a": 2, "b": 1, "c": 3, "d": 4})[0] == pytest.approx(2 / 3)
-    assert sweep.kendall(ours, {"a": 1, "zz": 2}) == (None, None, 1)
-    assert sweep.kendall({"a": 1.0, "b": 1.0}, {"a": 1, "b": 2})[:2] == (None, None)  # ties
+    assert report_lib.kendall(ours, {"a": 2, "b": 1, "c": 3, "d": 4})[0] == pytest.approx(2 / 3)
+    assert report_lib.kendall(ours, {"a": 1, "zz": 2}) == (None, None, 1)
+    assert report_lib.kendall({"a": 1.0, "b": 1.0}, {"a": 1, "b": 2})[:2] == (None, None)  # ties
 
 
 def test_resolved_pairs_compare_each_gap_with_the_combined_seed_std():
     means = {"c": 1.12, "a": 1.0, "b": 1.1}
-    pairs = sweep.resolved_pairs(means, {"a": 0.03, "b": 0.04, "c": 0.01})
+    pairs = report_lib.resolved_pairs(means, {"a": 0.03, "b": 0.04, "c": 0.01})
     assert [(q["better"], q["worse"]) for q in pairs] == [("a", "b"), ("b", "c")]
     assert pairs[0]["noise"] == pytest.approx(0.05) and pairs[0]["resolved"] is True
     assert pairs[1]["gap"] == pytest.approx(0.02) and pairs[1]["resolved"] is False
-    single = sweep.resolved_pairs(means, {"a": None, "b": None, "c": None})
+    single = report_lib.resolved_pairs(means, {"a": None, "b": None, "c": None})
     assert [q["resolved"] for q in single] == [None, None]
 
 
 def test_command_reconstruction_round_trips_through_the_shell():
     argv = ["--config=configs/lm.py:size=tiny", "--seeds=3", "--set", "model.rope.sites=",
             "--set", "data.files=my texts/*.txt"]  # fmt: skip
-    command = sweep.format_command(argv)
-    assert command.startswith("python -m rope_jax.sweep --config=configs/lm.py:size=tiny ")
+    command = plan.format_command(argv)
+    prefix = "python -m rope_jax.experiments.sweep --config=configs/lm.py:size=tiny "
+    assert command.startswith(prefix)
     assert shlex.split(command)[3:] == argv
 
 
 def test_set_values_take_the_field_type_and_reach_train_py_intact():
-    assert sweep.split_sets(["a.b=1,c.d=(1, 2)", "e=", "f.g=x,y"]) == [
+    assert plan.split_sets(["a.b=1,c.d=(1, 2)", "e=", "f.g=x,y"]) == [
         ("a.b", "1"), ("c.d", "(1, 2)"), ("e", ""), ("f.g", "x,y")]  # fmt: skip
-    assert sweep.parse_value("2", 1) == 2 and isinstance(sweep.parse_value("2", 1.0), float)
-    assert sweep.parse_value("false", True) is False
-    assert sweep.parse_value("", "qk") == ""
-    assert sweep.parse_value("(64,128)", ()) == (64, 128) == sweep.parse_value("64,128", ())
-    assert sweep.parse_value("", (1,)) == () and sweep.parse_value("64", ()) == (64,)
+    assert plan.parse_value("2", 1) == 2 and isinstance(plan.parse_value("2", 1.0), float)
+    assert plan.parse_value("false", True) is False
+    assert plan.parse_value("", "qk") == ""
+    assert plan.parse_value("(64,128)", ()) == (64, 128) == plan.parse_value("64,128", ())
+    assert plan.parse_value("", (1,)) == () and plan.parse_value("64", ()) == (64,)
     with pytest.raises(ValueError):
-        sweep.parse_value("two", 1)
+        plan.parse_value("two", 1)
     # What train.py's config_flags parses back from the flag text:
     for value in [(), (64,), (64, 128), (("batch", "data"),)]:
-        assert tuple_parser.TupleParser().parse(sweep.flag_value(value)) == value
-    assert sweep.flag_value(True) == "true" and sweep.flag_value("") == ""
+        assert tuple_parser.TupleParser().parse(plan.flag_value(value)) == value
+    assert plan.flag_value(True) == "true" and plan.flag_value("") == ""
 
 
 def test_one_seed_table_says_std_is_na_and_rows_outside_the_article_get_a_dash(tmp_path):
@@ -82,19 +85,20 @@ def test_one_seed_table_says_std_is_na_and_rows_outside_the_article_get_a_dash(t
         return {"seed": 0, "step": 10, "loss": {"32": loss, "64": loss + 1},
                 "eval_curve": [[5, loss + 0.5], [10, loss]]}  # fmt: skip
 
-    report = {"config": "c.py", "title": "", "command": "python -m rope_jax.sweep", "date": "d",
+    report = {"config": "c.py", "title": "", "date": "d",
+              "command": "python -m rope_jax.experiments.sweep",
               "jax": "0", "device": "cpu", "settings": {}, "seeds": [0], "seq_lens": ["32", "64"],
               "eval_split": "validation", "article_loss": {"a": 2.0, "b": 1.0},
               "rows": {}}  # fmt: skip
     for name, base, loss in [("a", 1, 3.0), ("b", 2, 3.5), ("new", 3, 3.2)]:
         report["rows"][name] = {"overrides": {"model.rope.base": base}, "runs": [run(loss)]}
-    md = sweep.render_markdown(report)
+    md = report_lib.render_markdown(report)
     assert "| row | sites or overrides | loss @32 (T) mean ± std | loss @64 (2T) | rank |" in md
     assert "| a | `model.rope.base=1` | 3.0000 ± n/a | 4.0000 | 1 | 2.000 | 2 |" in md
     assert "| new | `model.rope.base=3` | 3.2000 ± n/a | 4.2000 | 2 | — | — |" in md
     assert "one seed, so std is n/a" in md and "over the 2 rows in both: -1.000" in md
     assert "- a < new: gap 0.2000, n/a (one seed)" in md
-    sweep.plot(report, str(tmp_path / "one_seed.png"))  # no error bars to draw: no crash
+    report_lib.plot(report, str(tmp_path / "one_seed.png"))  # no error bars to draw: no crash
     assert (tmp_path / "one_seed.png").stat().st_size > 10_000
 
 
@@ -141,7 +145,7 @@ def test_bad_requests_fail_with_one_line_before_running_anything(tmp_path, capsy
 
 
 def test_the_command_line_exits_non_zero_with_one_line(tmp_path):
-    cmd = [sys.executable, "-m", "rope_jax.sweep", "--config=configs/lm.py",
+    cmd = [sys.executable, "-m", "rope_jax.experiments.sweep", "--config=configs/lm.py",
            f"--workdir={tmp_path}/runs", "--rows=nope,typo"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode != 0 and proc.stdout == ""
@@ -159,7 +163,7 @@ def test_a_failing_run_stops_the_sweep_and_shows_its_log(tmp_path, capsys, monke
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
-    """One real sweep (rows nope and vo, 2 seeds) through `python -m rope_jax.sweep`."""
+    """One real sweep (rows nope and vo, 2 seeds) through `python -m rope_jax.experiments.sweep`."""
     base = tmp_path_factory.mktemp("sweep")
 
     def argv(workdir):
@@ -168,7 +172,7 @@ def swept(tmp_path_factory):
                 "--set", f"data.data_dir={base / 'tfds'}"]  # fmt: skip
 
     workdir = base / "runs"
-    cmd = [sys.executable, "-m", "rope_jax.sweep", *argv(workdir)]
+    cmd = [sys.executable, "-m", "rope_jax.experiments.sweep", *argv(workdir)]
     env = dict(os.environ, **FAST_XLA)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
@@ -209,14 +213,14 @@ def test_sweep_trains_every_row_and_seed_and_writes_the_report(swept):
         assert [s for s, _ in runs[0]["train_curve"]] == [5, 10]
 
     md = (workdir / "out/table.md").read_text()
-    assert md == sweep.render_markdown(report)  # the json regenerates the table
-    assert "python -m rope_jax.sweep --config=configs/lm.py:size=tiny" in md
+    assert md == report_lib.render_markdown(report)  # the json regenerates the table
+    assert "python -m rope_jax.experiments.sweep --config=configs/lm.py:size=tiny" in md
     assert "jax " in md and "device: cpu" in md and "model.num_layers=1" in md
     assert "| loss @32 (T) mean ± std | loss @64 (2T) | loss @128 (4T) | rank |" in md
     assert "article loss | article rank |" in md
     lines = {line.split(" | ")[0]: line for line in md.splitlines() if line.startswith("| ")}
     nope_losses = [r["loss"]["32"] for r in report["rows"]["nope"]["runs"]]
-    mean, std = sweep.mean_std(nope_losses)
+    mean, std = report_lib.mean_std(nope_losses)
     assert lines["| nope"].startswith(f"| nope | NoPE | {mean:.4f} ± {std:.4f} | ")
     assert lines["| nope"].endswith(" | 2.795 | 2 |") and lines["| vo"].endswith(" | 2.770 | 1 |")
     assert "Kendall tau between our mean loss @T and the article's loss, over the 2 rows" in md
@@ -234,7 +238,7 @@ def test_the_same_command_again_skips_everything(swept, capsys, monkeypatch):
     assert _snapshot(workdir) == before  # no training, no new checkpoints or log lines
     assert seconds < 30
 
-    cmd = [sys.executable, "-m", "rope_jax.sweep", *swept["argv"](workdir), "--dry_run"]
+    cmd = [sys.executable, "-m", "rope_jax.experiments.sweep", *swept["argv"](workdir), "--dry_run"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count(" done ") == 4 and "4 runs: 4 done, 0 partial, 0 new" in proc.stdout
@@ -266,7 +270,7 @@ def test_an_interrupted_run_alone_is_redone_and_resumes(swept, tmp_path, capsys,
 
 
 def test_the_config_arg_reaches_sweep_so_matched_rows_follow_the_size():
-    _, _, rows = sweep.load_rows(os.path.join(ROOT, "configs", "lm.py"), "size=small")
+    _, _, rows = plan.load_rows(os.path.join(ROOT, "configs", "lm.py"), "size=small")
     small = common.SIZES["small"]
     assert rows["separate_qk_cache"]["model.num_kv_heads"] == small["num_kv_heads"] // 2
     assert rows["separate_qk_params"]["model.mlp_dim"] < small["mlp_dim"]
@@ -284,15 +288,15 @@ def test_kv_cache_column_appears_when_rows_differ_in_cache_bytes():
                 "eval_split": "validation", "article_loss": None, "kv_bytes": kv_bytes,
                 "rows": rows}  # fmt: skip
 
-    md = sweep.render_markdown(report({"qk": 2048, "tied": 1024}))
+    md = report_lib.render_markdown(report({"qk": 2048, "tied": 1024}))
     assert "| rank | KV cache B/token |" in md and "| 1 | 2,048 |" in md and "| 1 | 1,024 |" in md
-    assert "KV cache" not in sweep.render_markdown(report({"qk": 2048, "tied": 2048}))
+    assert "KV cache" not in report_lib.render_markdown(report({"qk": 2048, "tied": 2048}))
 
 
 def test_plan_records_each_rows_kv_cache_bytes():
     args = sweep.parse_args(["--config=configs/lm.py:size=tiny", "--workdir=/tmp/unused",
                              "--rows=qk,tied_qkvo,separate_qk_cache"])  # fmt: skip
-    _, context = sweep.plan(args)
+    _, context = plan.plan(args)
     kv = context["kv_bytes"]
     assert kv["qk"] == 2 * kv["tied_qkvo"] == 2 * kv["separate_qk_cache"]
     tiny = common.SIZES["tiny"]

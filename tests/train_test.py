@@ -15,7 +15,8 @@ import pytest
 import eval as eval_lib
 import train
 from configs import lm
-from rope_jax import checkpoint, data, metrics, training
+from rope_jax import data, harness
+from rope_jax.harness import checkpoint, metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,7 +49,7 @@ def tiny(data_dir, **overrides):
 
 
 def final_params(workdir, config):
-    run = training.build(config)
+    run = harness.build(config)
     mngr = checkpoint.Manager(workdir, read_only=True)
     state, extra = mngr.restore(mngr.latest_step(), run.abstract)
     mngr.close()
@@ -202,7 +203,7 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
         ({"model.head_dim": 15}, "head_dim"),
         ({"model.num_kv_heads": 3}, "num_kv_heads"),
         ({"model.rope.allocation": "sections", "model.rope.sections": (3, 4)}, "sections"),
-        ({"model.rope.scheme": "spiral"}, "model.rope.scheme"),
+        ({"data.scheme": "spiral"}, "data.scheme"),
         ({"optim.name": "lion"}, "optim.name"),
         ({"data.global_batch_size": 0}, "data.global_batch_size"),
         ({"mesh.shape": (2, 1, 1)}, "mesh.shape"),
@@ -221,9 +222,9 @@ def test_bad_configs_fail_before_compiling_with_one_line(data_dir, tmp_path, ove
 
 def test_dry_run_counts_parameters_without_training(data_dir):
     config = tiny(data_dir)
-    report = training.dry_run(config)
-    net = training.create_model(config, 0)
-    from rope_jax import model
+    report = harness.dry_run(config)
+    net = harness.create_model(config, 0)
+    from rope_jax.nn import model
 
     assert report["parameters"] == model.count_params(net)
     assert report["params_bytes_per_device"] == 4 * report["parameters"]
@@ -261,6 +262,6 @@ def test_batch_not_divisible_by_data_parallel_size_is_named(data_dir):
         shape = {"data": 3, "fsdp": 2, "tensor": 1}
 
     with pytest.raises(ValueError, match=r"data.global_batch_size=8 is not divisible by .* 6"):
-        training.check_batch_fits_mesh(tiny(data_dir), FakeMesh())
+        harness.check_batch_fits_mesh(tiny(data_dir), FakeMesh())
     ok = tiny(data_dir, **{"data.global_batch_size": 12, "eval.batch_size": 6})
-    training.check_batch_fits_mesh(ok, FakeMesh())
+    harness.check_batch_fits_mesh(ok, FakeMesh())

@@ -2,6 +2,7 @@
 
   from rope_jax import data
   data.prepare(config.data)                      # build shipped corpora if needed
+  kind = data.kind(config.data)                  # Text or Multimodal: axes, tasks, checks
   it = data.make_train_iterator(config.data, seed=0, batch_size=32)
   batch = next(it)                               # {"inputs", "targets", "weights"}
   state = it.get_state(); it.set_state(state)    # checkpointable, JSON-serialisable
@@ -23,14 +24,16 @@
   eval_split:    split used for held-out evaluation ("validation").
   max_documents: read at most this many documents per split (0 = all); bounds memory
                  and start-up time for large TFDS datasets.
+  scheme:        multimodal layout placing patches (`rope_jax.layouts.SCHEMES`); text
+                 positions are the same in every scheme.
 
 Splits of the shipped corpora: train / validation / test. Every document is
 followed by EOS; the token streams of a split are held in memory (uint16).
 
 Multimodal tasks (`multimodal.FAMILIES`: "digit_grids", "digit_videos") interleave
 text with grids of scikit-learn's handwritten digits; their batches add `patches`,
-`is_patch`, `positions` and `task`, so both iterators then need
-`rope=config.model.rope`. Extra field: `tasks` (names from the family; () = all).
+`is_patch`, `positions` (placed by `data.scheme`) and `task`. Extra field: `tasks`
+(names from the family; () = all).
 """
 
 import ml_collections
@@ -38,8 +41,17 @@ import ml_collections
 from rope_jax.data import multimodal
 from rope_jax.data.corpora import CORPORA, RopePythonStdlib, RopeShakespeare
 from rope_jax.data.digits import RopeDigits
-from rope_jax.data.pipeline import Windows, make_eval_iterator, make_train_iterator
-from rope_jax.data.sources import DataSourceError, documents, prepare, token_stream
+from rope_jax.data.kinds import (
+    Multimodal,
+    Text,
+    check_scheme,
+    kind,
+    make_eval_iterator,
+    make_train_iterator,
+    prepare,
+)
+from rope_jax.data.pipeline import Windows
+from rope_jax.data.sources import DataSourceError, documents, token_stream
 from rope_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, decode, encode
 
 
@@ -56,6 +68,7 @@ def default_config() -> ml_collections.ConfigDict:
             "eval_split": "validation",  # split to evaluate on
             "max_documents": 0,  # documents read per split; 0 = all
             "tasks": (),  # multimodal tasks; () = all of the dataset's
+            "scheme": "flat",  # multimodal layout (rope_jax.layouts.SCHEMES)
         }
     )
 
@@ -65,16 +78,20 @@ __all__ = [
     "CORPORA",
     "DataSourceError",
     "EOS_ID",
+    "Multimodal",
     "PAD_ID",
     "RopeDigits",
     "RopePythonStdlib",
     "RopeShakespeare",
+    "Text",
     "VOCAB_SIZE",
     "Windows",
+    "check_scheme",
     "decode",
     "default_config",
     "documents",
     "encode",
+    "kind",
     "make_eval_iterator",
     "make_train_iterator",
     "multimodal",

@@ -27,15 +27,16 @@ Batch (all numpy; `inputs`, `targets`, `weights` as for text):
   inputs     int32   [B, T]     byte ids; PAD where the slot holds a patch
   targets    int32   [B, T]     next token (PAD when the next slot is a patch)
   weights    float32 [B, T]     1 on answer tokens, else 0
-  patches    float32 [B, T, P]  P = 64 ink values scaled to [-1, 1]; 0 on text
+  patches    float32 [B, T, E]  E = 64 ink values scaled to [-1, 1]; 0 on text
   is_patch   bool    [B, T]
-  positions  float32 [B, T, A]  from `layouts.batch_positions` for `model.rope.scheme`
+  positions  float32 [B, T, A]  from `layouts.batch_positions` for `data.scheme`
   task       int32   [B]        index into the family's `tasks`; -1 on padding rows
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import zlib
 from collections.abc import Callable
 
@@ -63,7 +64,7 @@ class Split:
 # ----------------------------------------------------------------------- sequences
 
 
-class Sequence:
+class Question:
     """Builds one example: tokens and patches in stream order, segments, answer mask."""
 
     def __init__(self):
@@ -134,11 +135,11 @@ def _name(cell: tuple[int, ...]) -> str:
 def _lookup(*, before: bool, video: bool) -> Callable:
     open_, close = "{}" if video else "[]"
 
-    def task(rng, pool: Pool, split: Split) -> Sequence:
+    def task(rng, pool: Pool, split: Split) -> Question:
         shape = _shape(rng, split)
         labels, cells = _grid(rng, pool, shape)
         cell = _cell(rng, shape)
-        seq, question = Sequence(), _name(cell) + ":"
+        seq, question = Question(), _name(cell) + ":"
         if before:
             seq.text(question)
         seq.text(_fill(rng, split) + open_)
@@ -150,9 +151,9 @@ def _lookup(*, before: bool, video: bool) -> Callable:
     return task
 
 
-def _read(rng, pool: Pool, split: Split) -> Sequence:
+def _read(rng, pool: Pool, split: Split) -> Question:
     labels, cells = _grid(rng, pool, _shape(rng, split))
-    seq = Sequence()
+    seq = Question()
     seq.text(_fill(rng, split) + "[")
     seq.visual(cells)
     seq.text("]read:")
@@ -160,7 +161,7 @@ def _read(rng, pool: Pool, split: Split) -> Sequence:
     return seq
 
 
-def _compare(rng, pool: Pool, split: Split) -> Sequence:
+def _compare(rng, pool: Pool, split: Split) -> Question:
     shapes = _shape(rng, split), _shape(rng, split)
     cells = [_cell(rng, s) for s in shapes]
     relation = int(rng.integers(3))  # 0 <, 1 =, 2 > (balanced)
@@ -172,7 +173,7 @@ def _compare(rng, pool: Pool, split: Split) -> Sequence:
     else:
         a = int(rng.integers(1, 10))
         b = int(rng.integers(0, a))
-    seq = Sequence()
+    seq = Question()
     seq.text(_fill(rng, split))
     for shape, cell, digit in zip(shapes, cells, (a, b), strict=True):
         labels = rng.integers(0, digits.NUM_CLASSES, shape)
@@ -246,10 +247,6 @@ FAMILIES = {
 # ---------------------------------------------------------------------- config checks
 
 
-def is_multimodal(data_config) -> bool:
-    return data_config.get("name", "") in FAMILIES and not data_config.get("files", "")
-
-
 def family(data_config) -> Family:
     return FAMILIES[data_config.name]
 
@@ -282,16 +279,11 @@ def check_config(data_config, model_config, eval_splits=()) -> None:
     """
     fam = family(data_config)
     chosen = tasks(data_config)
-    rope = model_config.rope
+    scheme = data_config.get("scheme", "flat")
     if model_config.get("patch_dim", 0) != PATCH_DIM:
         raise ValueError(
             f"model.patch_dim={model_config.get('patch_dim', 0)} must be {PATCH_DIM} for "
             f"data.name={data_config.name!r} (8x8 digit patches)"
-        )
-    if rope.get("num_axes", 1) != fam.num_axes:
-        raise ValueError(
-            f"model.rope.num_axes={rope.get('num_axes', 1)} must be {fam.num_axes} for "
-            f"data.name={data_config.name!r}"
         )
     train_split = data_config.get("train_split", "train")
     for field, names in (("data.train_split", (train_split,)),
@@ -306,9 +298,9 @@ def check_config(data_config, model_config, eval_splits=()) -> None:
     for split in fam.splits.values():
         probe = _probe_segments(split, fam.num_axes)
         try:  # impossible layouts fail here, before anything compiles
-            layouts.positions(probe, rope.scheme, fam.num_axes)
+            layouts.positions(probe, scheme, fam.num_axes)
         except ValueError as e:
-            raise ValueError(f"model.rope.scheme={rope.scheme!r}: {e}") from None
+            raise ValueError(f"data.scheme={scheme!r}: {e}") from None
     longest = max(_max_length(task, fam.splits[train_split]) for task in chosen)
     if longest - 1 > data_config.seq_len:
         raise ValueError(
@@ -350,22 +342,22 @@ def batch_fields(data_config) -> dict:
 
 
 class Examples:
-    """Grain map: example indices [P*B] -> a batch dict (this process's B rows).
+    """Grain map: example indices [process_count * B] -> a batch dict (this process's B rows).
 
     Example `i` of a split is generated from `numpy.random.default_rng((seed, i))`, so
     it is the same on every machine, in any order, and resumes exactly.
     """
 
-    def __init__(self, data_config, rope, *, split: str, seed: int, limit: int | None = None,
+    def __init__(self, data_config, *, split: str, seed: int, limit: int | None = None,
                  shard: tuple[int, int] = (0, 1)):  # fmt: skip
         fam = family(data_config)
         self.split, self.seed, self.limit, self.shard = fam.splits[split], seed, limit, shard
         self.tasks = [fam.tasks[t] for t in tasks(data_config)]
-        self.pool = Pool(*digits.load_split(_data_dir(data_config), self.split.images))
-        self.scheme, self.num_axes = rope.scheme, fam.num_axes
+        self.pool = Pool(*digits.load_split(data_dir(data_config), self.split.images))
+        self.scheme, self.num_axes = data_config.get("scheme", "flat"), fam.num_axes
         self.seq_len = int(data_config.seq_len)
 
-    def example(self, i: int) -> tuple[int, Sequence]:
+    def example(self, i: int) -> tuple[int, Question]:
         rng = np.random.default_rng((self.seed, int(i)))
         k = int(rng.integers(len(self.tasks)))
         return k, self.tasks[k](rng, self.pool, self.split)
@@ -405,11 +397,10 @@ class Examples:
         return out
 
 
-def _data_dir(data_config) -> str | None:
-    import os
-
-    data_dir = data_config.get("data_dir", "") or ""
-    return os.path.expanduser(data_dir) if data_dir else None
+def data_dir(data_config) -> str | None:
+    """`data.data_dir` with `~` expanded; None = the TFDS default."""
+    path = data_config.get("data_dir", "") or ""
+    return os.path.expanduser(path) if path else None
 
 
 def _split_seed(name: str) -> int:
@@ -417,21 +408,20 @@ def _split_seed(name: str) -> int:
     return zlib.crc32(name.encode()) + 1_000_003
 
 
-def make_train_iterator(data_config, rope, *, seed: int, batch_size: int,
-                        shard: tuple[int, int]):  # fmt: skip
+def make_train_iterator(data_config, *, seed: int, batch_size: int, shard: tuple[int, int]):
     """Infinite, checkpointable iterator of training batches (fresh examples forever)."""
-    examples = Examples(data_config, rope, split=data_config.get("train_split", "train"),
+    examples = Examples(data_config, split=data_config.get("train_split", "train"),
                         seed=int(seed), shard=shard)  # fmt: skip
     ds = grain.MapDataset.range(2**62).batch(batch_size * shard[1]).map(examples)
     return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))
 
 
-def make_eval_iterator(data_config, rope, *, split: str, batch_size: int,
-                       num_examples: int, shard: tuple[int, int]):  # fmt: skip
+def make_eval_iterator(data_config, *, split: str, batch_size: int, num_examples: int,
+                       shard: tuple[int, int]):  # fmt: skip
     """The first `num_examples` examples of `split` in whole batches (padding rows have
     weight 0 and task -1); the same examples for every seed and run."""
-    examples = Examples(data_config, rope, split=split, seed=_split_seed(split),
-                        limit=num_examples, shard=shard)  # fmt: skip
+    examples = Examples(data_config, split=split, seed=_split_seed(split), limit=num_examples,
+                        shard=shard)  # fmt: skip
     global_batch = batch_size * shard[1]
     rows = -(-num_examples // global_batch) * global_batch
     ds = grain.MapDataset.range(rows).batch(global_batch).map(examples)

@@ -194,14 +194,10 @@ def documents(data_config, split: str) -> list[bytes]:
 
 
 def prepare(data_config) -> None:
-    """Builds a shipped corpus if needed; checks that any other source is usable."""
-    from rope_jax.data import digits, multimodal
-
+    """Builds a shipped text corpus if needed; checks that any other source is usable."""
     files = _field(data_config, "files", "")
     if files:
         _glob(files)
-    elif multimodal.is_multimodal(data_config):
-        digits.build(_data_dir(data_config))
     else:
         _builder(data_config)
 

@@ -1,6 +1,6 @@
 """Grouped-query attention with rotation at any subset of the sites q, k, v, o.
 
-SPEC.md section 2. With positions p_i (queries) and p_j (keys):
+With positions p_i (queries) and p_j (keys) (docs/maths.md#rotation-sites-vo-rope):
 
   q   q_i -> R_i q_i        k   k_j -> R_j k_j        (QK-RoPE = standard RoPE)
   v   v_j -> R_j v_j        o   o_i -> R_i^T o_i      (VO-RoPE: o_i = sum_j a_ij R_{j-i} v_j)
@@ -27,13 +27,15 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rope_jax import rotary, sharding
+from rope_jax.nn.layers import dense_param
+from rope_jax.rotary import RopeSpec
 
 SITES = "qkvo"
-ROPE_KEYS = ("base", "ladder", "layout", "allocation", "sections")
 
 # How keys and values are produced. "separate": their own projections (standard).
-# "tied": one latent c_j = x_j W_c per kv head serves as both key and value (SPEC.md
-# section 2); it needs every site ("qkvo"): c rotated once, the output rotated back.
+# "tied": one latent c_j = x_j W_c per kv head serves as both key and value
+# (docs/maths.md#the-tied-keyvalue-cache); it needs every site ("qkvo"): c rotated
+# once, the output rotated back.
 KV_MODES = ("separate", "tied")
 TIED_SITES = "qkvo"
 
@@ -53,12 +55,19 @@ def check_sites(sites: Any, field: str = "sites") -> str:
     return sites
 
 
-def rope_kwargs(rope: Any) -> dict:
-    """The `rotary.rotate` keyword arguments from a rope dict/ConfigDict (other keys ignored)."""
-    kwargs = {k: rope[k] for k in ROPE_KEYS if k in rope}
-    if kwargs.get("sections") is not None:
-        kwargs["sections"] = tuple(kwargs["sections"]) or None
-    return kwargs
+def check_kv(kv: str, sites: str, *, kv_field: str = "kv", sites_field: str = "sites") -> None:
+    """The key/value mode: one of KV_MODES; "tied" only with every site rotated.
+
+    The field names are those of the caller (`model.attention.kv` in a config).
+    """
+    if kv not in KV_MODES:
+        raise ValueError(f"{kv_field}={kv!r} is not one of {', '.join(map(repr, KV_MODES))}")
+    if kv == "tied" and sorted(sites) != sorted(TIED_SITES):
+        raise ValueError(
+            f"{kv_field}='tied' needs {sites_field}={TIED_SITES!r} (one rotated latent is both "
+            f"key and value, the output is rotated back), got {sites_field}={sites!r}; use "
+            f"{kv_field}='separate' for other sites"
+        )
 
 
 def attend(
@@ -69,7 +78,7 @@ def attend(
     q_positions,
     k_positions,
     sites: str,
-    rope: Any,
+    rope: RopeSpec | Any = None,
     mask=None,
     causal: bool = False,
     scale: float | None = None,
@@ -84,8 +93,8 @@ def attend(
         sites has neither "k" nor "v", e.g. keys and values read from a decoding cache,
         which stores them already rotated.
       sites: subset of "qkvo" ("" = NoPE).
-      rope: rotation kwargs for `rotary.rotate` (base, ladder, layout, allocation,
-        sections); extra keys (sites, num_axes, scheme) are ignored.
+      rope: the rotation, a `rotary.RopeSpec` (or a mapping of its fields; None =
+        the defaults).
       mask: optional bool [B or 1, 1 or N, T, S], True = attend.
       causal: if True, query t attends keys s <= t + (S - T) (queries are the last T keys).
       scale: logit scale, default 1 / sqrt(H).
@@ -95,8 +104,8 @@ def attend(
     """
     check_sites(sites)
     _check_shapes(q, k, v)
-    kw = rope_kwargs(rope)
-    rot = lambda x, p, inverse=False: rotary.rotate(x, p, inverse=inverse, **kw)
+    spec = RopeSpec.of(rope)
+    rot = lambda x, p, inverse=False: rotary.rotate(x, p, spec, inverse=inverse)
     if "q" in sites:
         q = rot(q, q_positions)
     if "k" in sites:
@@ -116,7 +125,7 @@ def attend_tied(
     *,
     q_positions,
     k_positions,
-    rope: Any,
+    rope: RopeSpec | Any = None,
     mask=None,
     causal: bool = False,
     scale: float | None = None,
@@ -136,11 +145,11 @@ def attend_tied(
       [B, T, N, H] in q's dtype.
     """
     _check_shapes(q, c, c)
-    kw = rope_kwargs(rope)
-    q = rotary.rotate(q, q_positions, **kw)
-    c = rotary.rotate(c, k_positions, **kw)  # once: the key and the value
+    spec = RopeSpec.of(rope)
+    q = rotary.rotate(q, q_positions, spec)
+    c = rotary.rotate(c, k_positions, spec)  # once: the key and the value
     o = _softmax_mix(q, c, c, mask=mask, causal=causal, scale=scale)
-    return rotary.rotate(o, q_positions, inverse=True, **kw).astype(q.dtype)
+    return rotary.rotate(o, q_positions, spec, inverse=True).astype(q.dtype)
 
 
 def _check_shapes(q, k, v) -> None:
@@ -197,22 +206,13 @@ def _mask(mask, causal: bool, t: int, s: int, kv_heads: int):
 # ----------------------------------------------------------------------------- module
 
 
-def dense_param(rngs: nnx.Rngs, shape, names, *, fan_in: int, dtype, scale: float = 1.0):
-    """A normal(std = scale / sqrt(fan_in)) parameter carrying logical axis `names`.
-
-    The names live in the Variable's `out_sharding` metadata; eager sharding is off, so
-    the model builds anywhere and `rope_jax.sharding` places it on a mesh explicitly.
-    """
-    init = jax.nn.initializers.normal(scale * fan_in**-0.5)
-    return nnx.Param(init(rngs.params(), shape, dtype), out_sharding=names, eager_sharding=False)
-
-
 class Attention(nnx.Module):
     """Causal GQA self-attention with rotation sites (no biases).
 
     Parameters (logical axes): q [D, N, H] (embed, heads, head_dim), k and v [D, K, H]
-    (embed, kv, head_dim), o [N, H, D] (heads, head_dim, embed). With kv="tied" a single
-    kv [D, K, H] (embed, kv, head_dim) replaces k and v, and sites must be "qkvo".
+    (embed, kv_heads, head_dim), o [N, H, D] (heads, head_dim, embed). With kv="tied" a
+    single kv [D, K, H] (embed, kv_heads, head_dim) replaces k and v, and sites must be
+    "qkvo".
     """
 
     def __init__(
@@ -223,36 +223,30 @@ class Attention(nnx.Module):
         head_dim: int,
         *,
         sites: str,
-        rope: Any,
+        rope: RopeSpec | Any = None,
         kv: str = "separate",
         dtype=jnp.float32,
         param_dtype=jnp.float32,
         out_scale: float = 1.0,
         rngs: nnx.Rngs,
     ):
-        if kv not in KV_MODES:
-            raise ValueError(f"kv={kv!r} is not one of {', '.join(map(repr, KV_MODES))}")
         if num_heads % num_kv_heads:
             raise ValueError(
                 f"num_heads={num_heads} is not divisible by num_kv_heads={num_kv_heads}"
             )
         self.sites = check_sites(sites)
-        if kv == "tied" and sorted(sites) != sorted(TIED_SITES):
-            raise ValueError(
-                f"kv='tied' needs sites={TIED_SITES!r} (the latent is rotated once as key "
-                f"and value, the output rotated back), got sites={sites!r}"
-            )
-        self.rope = rope_kwargs(rope)
+        check_kv(kv, sites)
+        self.rope = RopeSpec.of(rope)
         self.kv = kv
         self.dtype = dtype
         d, n, kh, h = embed_dim, num_heads, num_kv_heads, head_dim
         p = dict(dtype=param_dtype, fan_in=d)
         self.q_proj = dense_param(rngs, (d, n, h), ("embed", "heads", "head_dim"), **p)
         if kv == "tied":
-            self.kv_proj = dense_param(rngs, (d, kh, h), ("embed", "kv", "head_dim"), **p)
+            self.kv_proj = dense_param(rngs, (d, kh, h), ("embed", "kv_heads", "head_dim"), **p)
         else:
-            self.k_proj = dense_param(rngs, (d, kh, h), ("embed", "kv", "head_dim"), **p)
-            self.v_proj = dense_param(rngs, (d, kh, h), ("embed", "kv", "head_dim"), **p)
+            self.k_proj = dense_param(rngs, (d, kh, h), ("embed", "kv_heads", "head_dim"), **p)
+            self.v_proj = dense_param(rngs, (d, kh, h), ("embed", "kv_heads", "head_dim"), **p)
         self.o_proj = dense_param(
             rngs,
             (n, h, d),
@@ -272,7 +266,7 @@ class Attention(nnx.Module):
             k = jnp.einsum("BSD,DKH->BSKH", x, w(self.k_proj))
             v = jnp.einsum("BSD,DKH->BSKH", x, w(self.v_proj))
         q = sharding.constrain(q, ("batch", "seq", "heads", "head_dim"))
-        k = sharding.constrain(k, ("batch", "seq", "kv", "head_dim"))
+        k = sharding.constrain(k, ("batch", "seq", "kv_heads", "head_dim"))
         return q, k, (k if self.kv == "tied" else v)
 
     def __call__(self, x, positions, mask=None, *, causal: bool = True) -> jax.Array:
@@ -313,7 +307,7 @@ class Attention(nnx.Module):
         """
         x = x.astype(self.dtype)
         q, k, v = self._project(x)
-        rot = lambda y: rotary.rotate(y, positions, **self.rope)
+        rot = lambda y: rotary.rotate(y, positions, self.rope)
         at = (0, index, 0, 0)
         if self.kv == "tied":
             cache = {"c": jax.lax.dynamic_update_slice(cache["c"], rot(k), at)}

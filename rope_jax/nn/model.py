@@ -4,12 +4,14 @@
   for each block:  x = x + attn(norm(x));  x = x + mlp(norm(x))
   logits = head(norm(x))       (untied, float32)
 
-`cfg` is `config.model` (DESIGN.md field names); `check_config` validates it before
-anything is built or compiled. Parameters are stored in `param_dtype` and cast to the
-compute `dtype` at use; norms, softmax and logits are float32.
+`cfg` is `config.model`; `check_config` validates it before anything is built or
+compiled. The number of position axes A is not a model field: the data decides it
+(1 for text, 2 for images, 3 for videos) and passes it as `num_axes`. Parameters are
+stored in `param_dtype` and cast to the compute `dtype` at use; norms, softmax and
+logits are float32.
 
-Shape legend: B batch, T positions, D embed dim, F mlp dim, V vocab, A position axes,
-P patch dim, C = 2 the stacked SwiGLU gate and up projections.
+Shape legend: B batch, T positions, D embed dim, V vocab, A position axes, E patch
+vector width.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rope_jax import rotary, sharding
-from rope_jax.attention import KV_MODES, TIED_SITES, Attention, check_sites, dense_param
+from rope_jax import layouts, rotary, sharding
+from rope_jax.nn.attention import Attention, check_kv, check_sites
+from rope_jax.nn.layers import MLP, RMSNorm, dense_param
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # Activation rematerialisation: "block" keeps only each block's input for the backward
@@ -40,8 +43,12 @@ def _choice(field: str, value: Any, allowed) -> None:
         _fail(field, value, f"must be one of {', '.join(map(repr, allowed))}")
 
 
-def check_config(cfg) -> None:
-    """Raises ValueError naming the field, its value and what is allowed."""
+def check_config(cfg, num_axes: int = 1) -> None:
+    """Raises ValueError naming the field, its value and what is allowed.
+
+    `num_axes` is the data's number of position axes (the rotation sections need one
+    entry per axis).
+    """
     for field in (*_SIZES, "mlp_dim"):
         value = cfg[field]
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -60,31 +67,33 @@ def check_config(cfg) -> None:
     patch_dim = cfg.get("patch_dim", 0) or 0
     if not isinstance(patch_dim, int) or patch_dim < 0:
         _fail("patch_dim", patch_dim, "must be a non-negative integer (0 = text only)")
-    rope = cfg.rope
-    check_sites(rope.sites, field="model.rope.sites")
-    kv = kv_mode(cfg)
-    _choice("attention.kv", kv, KV_MODES)
-    if kv == "tied" and sorted(rope.sites) != sorted(TIED_SITES):
+    check_sites(cfg.rope.sites, field="model.rope.sites")
+    check_kv(
+        kv_mode(cfg), cfg.rope.sites, kv_field="model.attention.kv", sites_field="model.rope.sites"
+    )
+    rotation(cfg, num_axes)
+
+
+def rotation(cfg, num_axes: int = 1) -> rotary.RopeSpec:
+    """The model's `rotary.RopeSpec` from `cfg.rope`, checked against H and A once.
+
+    Errors name the config field (`model.rope.<field>`).
+    """
+    _check_num_axes(num_axes)
+    try:
+        spec = rotary.RopeSpec.of(cfg.rope)
+        rotary.pair_table(cfg.head_dim, spec, num_axes=num_axes)
+    except ValueError as e:
+        raise ValueError(f"model.rope.{e}") from None
+    return spec
+
+
+def _check_num_axes(num_axes) -> None:
+    if isinstance(num_axes, bool) or not isinstance(num_axes, int) or num_axes < 1:
         raise ValueError(
-            f"model.attention.kv='tied' needs model.rope.sites={TIED_SITES!r} (one rotated "
-            f"latent is both key and value, the output is rotated back), got "
-            f"model.rope.sites={rope.sites!r}; use model.attention.kv='separate' for other sites"
+            f"num_axes={num_axes!r} is invalid: must be a positive integer (position axes: "
+            "1 text, 2 image, 3 video)"
         )
-    if not isinstance(rope.base, (int, float)) or not rope.base > 1:
-        _fail("rope.base", rope.base, "must be a number > 1")
-    _choice("rope.ladder", rope.ladder, rotary.LADDERS)
-    _choice("rope.layout", rope.layout, rotary.LAYOUTS)
-    _choice("rope.allocation", rope.allocation, rotary.ALLOCATIONS)
-    num_axes = rope.get("num_axes", 1)
-    if not isinstance(num_axes, int) or num_axes < 1:
-        _fail("rope.num_axes", num_axes, "must be a positive integer (1 text, 2 image, 3 video)")
-    if rope.allocation == "sections":
-        sections = tuple(rope.get("sections") or ())
-        pairs = cfg.head_dim // 2
-        if len(sections) != num_axes:
-            _fail("rope.sections", sections, f"needs num_axes={num_axes} entries")
-        if any(not isinstance(s, int) or s < 0 for s in sections) or sum(sections) != pairs:
-            _fail("rope.sections", sections, f"must be non-negative and sum to head_dim/2={pairs}")
 
 
 def kv_mode(cfg) -> str:
@@ -100,72 +109,10 @@ def kv_cache_bytes_per_token(cfg) -> int:
     return cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * per_head * itemsize
 
 
-class RMSNorm(nnx.Module):
-    """x / rms(x) * scale, computed in float32."""
-
-    def __init__(self, dim: int, *, eps: float = 1e-6, dtype=jnp.float32, param_dtype):
-        self.scale = nnx.Param(
-            jnp.ones((dim,), param_dtype), out_sharding=("embed",), eager_sharding=False
-        )
-        self.eps, self.dtype = eps, dtype
-
-    def __call__(self, x):
-        x = x.astype(jnp.float32)
-        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
-        return (x * self.scale[...].astype(jnp.float32)).astype(self.dtype)
-
-
-@jax.custom_vjp
-def swiglu(gate_up):
-    """silu(g) * u for gate_up [..., 2, F] = (g, u) stacked; [..., F].
-
-    The custom backward writes (dg, du) as one stacked [..., 2, F] array in one pass;
-    autodiff of the two slices would pad each gradient to [..., 2, F] and add them.
-    """
-    return jax.nn.silu(gate_up[..., 0, :]) * gate_up[..., 1, :]
-
-
-def _swiglu_fwd(gate_up):
-    return swiglu(gate_up), gate_up
-
-
-def _swiglu_bwd(gate_up, dh):
-    g, u = gate_up[..., 0, :], gate_up[..., 1, :]
-    sig = jax.nn.sigmoid(g)
-    dg = dh * u * sig * (1 + g * (1 - sig))  # d silu(g) = sig(g) (1 + g (1 - sig(g)))
-    du = dh * g * sig
-    return (jnp.stack([dg, du], axis=-2),)
-
-
-swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
-
-
-class MLP(nnx.Module):
-    """SwiGLU: down(silu(x W_gate) * (x W_up))."""
-
-    def __init__(self, dim: int, hidden: int, *, dtype, param_dtype, out_scale, rngs):
-        p = dict(dtype=param_dtype, fan_in=dim)
-        self.gate = dense_param(rngs, (dim, hidden), ("embed", "mlp"), **p)
-        self.up = dense_param(rngs, (dim, hidden), ("embed", "mlp"), **p)
-        self.down = dense_param(
-            rngs, (hidden, dim), ("mlp", "embed"), dtype=param_dtype, fan_in=hidden, scale=out_scale
-        )
-        self.dtype = dtype
-
-    def __call__(self, x):
-        w = lambda p: p[...].astype(self.dtype)
-        # One matmul for both projections (stacked on a new axis, so an "mlp"-sharded F
-        # stays sharded): a single larger dot forward and backward instead of two.
-        gate_up = jnp.einsum("BTD,CDF->BTCF", x, jnp.stack([w(self.gate), w(self.up)]))
-        h = swiglu(gate_up)  # [B, T, F]
-        h = sharding.constrain(h, ("batch", "seq", "mlp"))
-        return h @ w(self.down)
-
-
 class Block(nnx.Module):
     """Pre-norm decoder block: x = x + attn(norm(x)); x = x + mlp(norm(x))."""
 
-    def __init__(self, cfg, *, rngs: nnx.Rngs):
+    def __init__(self, cfg, rope: rotary.RopeSpec, *, rngs: nnx.Rngs):
         dtype, param_dtype = DTYPES[cfg.dtype], DTYPES[cfg.param_dtype]
         out_scale = 1.0 / math.sqrt(2 * cfg.num_layers)  # residual branches (GPT-2 style)
         norm = dict(dtype=dtype, param_dtype=param_dtype)
@@ -176,7 +123,7 @@ class Block(nnx.Module):
             cfg.num_kv_heads,
             cfg.head_dim,
             sites=cfg.rope.sites,
-            rope=cfg.rope,
+            rope=rope,
             kv=kv_mode(cfg),
             dtype=dtype,
             param_dtype=param_dtype,
@@ -207,11 +154,15 @@ class Block(nnx.Module):
 
 
 class Decoder(nnx.Module):
-    """Token (and patch) embedding, `num_layers` blocks, final norm, untied head."""
+    """Token (and patch) embedding, `num_layers` blocks, final norm, untied head.
 
-    def __init__(self, cfg, *, rngs: nnx.Rngs):
-        check_config(cfg)
-        self.num_axes = cfg.rope.get("num_axes", 1)
+    `num_axes` is A, the number of position axes of the data (1 text, 2 image, 3 video).
+    """
+
+    def __init__(self, cfg, *, num_axes: int = 1, rngs: nnx.Rngs):
+        check_config(cfg, num_axes)
+        rope = rotation(cfg, num_axes)  # validated once, shared by every layer
+        self.num_axes = num_axes
         self.remat = cfg.get("remat", "none")
         self.patch_dim = cfg.get("patch_dim", 0) or 0
         self.dtype, param_dtype = DTYPES[cfg.dtype], DTYPES[cfg.param_dtype]
@@ -233,7 +184,7 @@ class Decoder(nnx.Module):
             if self.patch_dim
             else None
         )
-        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.blocks = nnx.List([Block(cfg, rope, rngs=rngs) for _ in range(cfg.num_layers)])
         self.norm = RMSNorm(d, dtype=self.dtype, param_dtype=param_dtype)
         self.head = dense_param(rngs, (d, v), ("embed", "vocab"), dtype=param_dtype, fan_in=d)
 
@@ -243,7 +194,7 @@ class Decoder(nnx.Module):
         Args:
           tokens: int [B, T] (ignored where is_patch).
           positions: [B, T, A] float/int; None = text positions arange(T) on every axis.
-          patches: [B, T, P] visual patch vectors (needs model.patch_dim = P).
+          patches: [B, T, E] visual patch vectors (needs model.patch_dim = E).
           is_patch: bool [B, T], True where the stream holds a patch instead of a token.
 
         Returns:
@@ -251,9 +202,7 @@ class Decoder(nnx.Module):
         """
         b, t = tokens.shape
         if positions is None:
-            positions = jnp.broadcast_to(
-                jnp.arange(t, dtype=jnp.float32)[None, :, None], (b, t, self.num_axes)
-            )
+            positions = layouts.text_positions(jnp.zeros((b,)), t, self.num_axes, xp=jnp)
         x = self._embed(tokens, positions, patches, is_patch)
         call = nnx.remat(Block.__call__) if self.remat == "block" else Block.__call__
         for block in self.blocks:
@@ -275,7 +224,7 @@ class Decoder(nnx.Module):
                 raise ValueError("patches were given but model.patch_dim=0 (text only)")
             if is_patch is None or patches.shape != (b, t, self.patch_dim):
                 raise ValueError(
-                    f"patches {patches.shape} need shape [B, T, P]={(b, t, self.patch_dim)} "
+                    f"patches {patches.shape} need shape [B, T, E]={(b, t, self.patch_dim)} "
                     "and an is_patch [B, T] mask"
                 )
             px = patches.astype(self.dtype) @ self.patch_embed[...].astype(self.dtype)

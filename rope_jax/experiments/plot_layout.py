@@ -1,9 +1,10 @@
 """Draws the position ids of a text / image / video sequence, as the RoPE-Tie articles do.
 
-  python -m rope_jax.plot_layout --scheme=rope_tv --segments="text:4,image:3x5,text:3"
-  python -m rope_jax.plot_layout --scheme=all --segments="text:4,image:3x5,text:3" \\
+  python -m rope_jax.experiments.plot_layout --scheme=rope_tv --segments="text:4,image:3x5,text:3"
+  python -m rope_jax.experiments.plot_layout --scheme=all --segments="text:4,image:3x5,text:3" \\
       --out=results/layouts.png
-  python -m rope_jax.plot_layout --scheme=mrope,rope_tv --segments="text:2,video:2x3x3,text:2"
+  python -m rope_jax.experiments.plot_layout --scheme=mrope,rope_tv \\
+      --segments="text:2,video:2x3x3,text:2"
 
 One row per scheme (`--scheme` takes a name from `layouts.SCHEMES`, a comma-separated list
 or `all`). Left: every token / patch at its (h, w) position ids (x = w, y = h increasing
@@ -169,7 +170,8 @@ def figure(segments, schemes: Sequence[str], num_axes: int, *, command: str = ""
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m rope_jax.plot_layout", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m rope_jax.experiments.plot_layout",
+                                description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--scheme", required=True, help="name, comma-separated names, or 'all'")
     p.add_argument("--segments", required=True, help='e.g. "text:4,image:3x5,text:3"')
@@ -197,7 +199,7 @@ def check_args(args) -> tuple[list, list[str], int]:
 
 def command_line(args) -> str:
     """The command that makes this figure, for its suptitle."""
-    parts = ["python -m rope_jax.plot_layout", f"--scheme={args.scheme}"]
+    parts = ["python -m rope_jax.experiments.plot_layout", f"--scheme={args.scheme}"]
     parts.append(f'--segments="{args.segments}"')
     parts += [f"--num_axes={args.num_axes}"] if args.num_axes is not None else []
     return " ".join(parts + ([f"--out={args.out}"] if args.out else []))

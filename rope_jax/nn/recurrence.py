@@ -1,4 +1,6 @@
-"""VO-RoPE with fixed decaying weights is a complex-decay linear RNN (SPEC.md section 2).
+"""VO-RoPE with fixed decaying weights is a complex-decay linear RNN.
+
+The derivation is in docs/maths.md#the-linear-rnn-view.
 
 With causal weights a_ij = gamma^(i-j) (no softmax) and rotation sites "vo", attention
 
@@ -49,44 +51,44 @@ def _gamma(gamma, num_heads: int) -> jax.Array:
     return jnp.broadcast_to(gamma, (num_heads,))
 
 
-def vo_decay_attention(v, positions, *, gamma, **rope) -> jax.Array:
+def vo_decay_attention(v, positions, rope=None, *, gamma, **settings) -> jax.Array:
     """o_i = R_i^T sum_{j<=i} gamma^(i-j) R_j v_j, the quadratic (attention) form.
 
     Args:
       v: [B, T, N, H] values.
       positions: [B, T] (1-D) or [B, T, A] (N-D), int or float.
       gamma: decay, a scalar or [N] (one per head); weights gamma^(i-j) for j <= i.
-      **rope: `rotary.rotate` keyword arguments (base, ladder, layout, allocation,
-        sections).
+      rope, **settings: the rotation, a `rotary.RopeSpec` and/or its fields as
+        keywords, as in `rotary.rotate`.
 
     Returns:
       [B, T, N, H] in v's dtype (computed in float32).
     """
-    positions = _positions(v, positions)
+    positions, spec = _positions(v, positions), rotary.RopeSpec.of(rope, **settings)
     t, n = v.shape[1], v.shape[2]
     gamma = _gamma(gamma, n)
     lag = jnp.arange(t)[:, None] - jnp.arange(t)[None, :]  # [T, S]: i - j
     decay = jnp.where(lag >= 0, gamma[:, None, None] ** jnp.maximum(lag, 0), 0.0)  # [N, T, S]
-    vr = rotary.rotate(v.astype(jnp.float32), positions, **rope)  # R_j v_j
+    vr = rotary.rotate(v.astype(jnp.float32), positions, spec)  # R_j v_j
     o = jnp.einsum("NTS,BSNH->BTNH", decay, vr, precision=jax.lax.Precision.HIGHEST)
-    o = rotary.rotate(o, positions, inverse=True, **rope)  # R_i^T at the query position
+    o = rotary.rotate(o, positions, spec, inverse=True)  # R_i^T at the query position
     return o.astype(v.dtype)
 
 
-def vo_recurrence(v, positions, *, gamma, **rope) -> jax.Array:
+def vo_recurrence(v, positions, rope=None, *, gamma, **settings) -> jax.Array:
     """o_i = gamma R_{p_{i-1} - p_i} o_{i-1} + v_i with `lax.scan`; equals `vo_decay_attention`.
 
     Args:
       v: [B, T, N, H] inputs.
       positions: [B, T] (1-D) or [B, T, A] (N-D), int or float.
       gamma: decay, a scalar or [N] (one per head).
-      **rope: `rotary.rotate` keyword arguments (base, ladder, layout, allocation,
-        sections).
+      rope, **settings: the rotation, a `rotary.RopeSpec` and/or its fields as
+        keywords, as in `rotary.rotate`.
 
     Returns:
       [B, T, N, H] in v's dtype (state carried in float32).
     """
-    positions = _positions(v, positions)
+    positions, spec = _positions(v, positions), rotary.RopeSpec.of(rope, **settings)
     b, _, n, h = v.shape
     gamma = _gamma(gamma, n)[:, None]  # [N, 1]
     step = positions[:, :-1] - positions[:, 1:]  # [B, T-1, A]: p_{i-1} - p_i
@@ -94,7 +96,7 @@ def vo_recurrence(v, positions, *, gamma, **rope) -> jax.Array:
 
     def scan_fn(o, inputs):  # o [B, N, H] float32
         v_i, step_i = inputs  # [B, N, H], [B, A]
-        turned = rotary.rotate(o[:, None], step_i[:, None], **rope)[:, 0]
+        turned = rotary.rotate(o[:, None], step_i[:, None], spec)[:, 0]
         o = gamma * turned + v_i.astype(jnp.float32)
         return o, o
 

@@ -50,7 +50,18 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
             raw = json.load(f)
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
-    return ml_collections.ConfigDict(_tuples(raw))
+    return ml_collections.ConfigDict(_upgrade(_tuples(raw)))
+
+
+def _upgrade(raw: dict) -> dict:
+    """A config saved before the layout scheme moved to `data.scheme` and the number of
+    position axes became the data's: moves `model.rope.scheme`, drops `num_axes`."""
+    rope = raw.get("model", {}).get("rope", {})
+    scheme = rope.pop("scheme", None)
+    rope.pop("num_axes", None)
+    if scheme is not None and "data" in raw:
+        raw["data"].setdefault("scheme", scheme)
+    return raw
 
 
 def _tuples(tree):

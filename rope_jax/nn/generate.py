@@ -1,6 +1,7 @@
 """Autoregressive decoding with a key/value cache: prefill the prompt, then one token a step.
 
-  from rope_jax import generate, data
+  from rope_jax import data
+  from rope_jax.nn import generate
   new = generate.generate(model, data.encode("ROMEO:")[None], max_new_tokens=64)
   print(data.decode(new[0]))
 
@@ -11,8 +12,8 @@ text: token k after the prompt sits at `(s + k, ..., s + k)` on every axis, wher
 is the prompt's next text position (`layouts.next_position(segments, scheme, A)` for a
 multimodal prompt: not the token count).
 
-Shape legend: B batch, T prompt tokens, M new tokens, A position axes, P patch dim,
-V vocab.
+Shape legend: B batch, T prompt tokens, M new tokens, A position axes, E patch vector
+width, V vocab.
 """
 
 from __future__ import annotations
@@ -24,12 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-
-def text_positions(start, length: int, num_axes: int) -> jax.Array:
-    """Text positions start + k on every axis: start [B] -> float32 [B, length, A]."""
-    start = jnp.asarray(start, jnp.float32).reshape(-1)
-    pos = start[:, None] + jnp.arange(length, dtype=jnp.float32)[None, :]  # [B, length]
-    return jnp.broadcast_to(pos[..., None], (*pos.shape, num_axes))
+from rope_jax import layouts
 
 
 def generate(
@@ -53,7 +49,7 @@ def generate(
       positions: [B, T, A] prompt positions; None = text positions 0..T-1.
       temperature: 0 = greedy (argmax); > 0 samples from softmax(logits / temperature).
       seed: sampling seed (the same seed gives the same tokens).
-      patches, is_patch: [B, T, P] patch vectors and bool [B, T] mask, as in `Decoder`.
+      patches, is_patch: [B, T, E] patch vectors and bool [B, T] mask, as in `Decoder`.
       next_position: position of the first new token, a number or [B]; default T when
         positions is None, else the last prompt position + 1 (right after a text token).
         A prompt that ends with a patch needs it: `layouts.next_position(...)`.
@@ -72,7 +68,7 @@ def generate(
         raise ValueError(f"temperature={temperature!r} must be >= 0 (0 = greedy)")
     b, t = prompt_tokens.shape
     if positions is None:
-        positions = text_positions(jnp.zeros((b,)), t, model.num_axes)
+        positions = layouts.text_positions(jnp.zeros((b,)), t, model.num_axes, xp=jnp)
         next_position = t if next_position is None else next_position
     positions = jnp.asarray(positions, jnp.float32)
     if next_position is None:
@@ -126,7 +122,7 @@ def _generate(
     def step(carry, inputs):
         cache, token = carry
         k, key = inputs
-        pos = text_positions(next_position + k, 1, model.num_axes)  # [B, 1, A]
+        pos = layouts.text_positions(next_position + k, 1, model.num_axes, xp=jnp)  # [B, 1, A]
         logits, cache = model.decode(token[:, None], pos, cache)
         token = sample(logits[:, -1], key)
         return (cache, token), token

@@ -1,13 +1,20 @@
-"""Sweep reports: seed statistics, ranks against a reference table, markdown and plot.
+"""Sweep reports: collecting finished jobs, seed statistics, ranks against a reference
+table, markdown and plot.
 
-Pure functions over the report dict that `rope_jax.sweep` writes to <results>.json, so a
-table can be rebuilt from the json alone: `render_markdown(json.load(f))`.
+`write_report` collects every job into <results>.json; the rest are pure functions over
+that report dict, so a table can be rebuilt from the json alone:
+`render_markdown(json.load(f))`.
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 import math
+import os
 import statistics
+
+from rope_jax.experiments.plan import Job, columns, format_command
 
 
 def mean_std(values) -> tuple[float, float | None]:
@@ -274,3 +281,42 @@ def plot_splits(report: dict, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def collect(run: Job) -> dict:
+    """One run's numbers: final eval losses per length and its metric curves."""
+    from rope_jax.harness import metrics  # imports jax: not at the sweep's start
+
+    with open(os.path.join(run.workdir, f"eval_{run.final_step}.json")) as f:
+        saved = json.load(f)
+    records = metrics.read_jsonl(run.workdir)
+    # A resumed run logs again the steps after its checkpoint: keep the last value.
+    curve = lambda key: sorted({r["step"]: r[key] for r in records if key in r}.items())
+    return {"seed": run.seed, "workdir": run.workdir, "step": saved["step"],
+            "loss": {key: saved[key]["loss"] for key in columns(run)},
+            "accuracy": {s: saved[s].get("answer_accuracy") for s in run.splits},
+            "metrics": {s: saved[s] for s in run.splits},
+            "eval_curve": curve("eval/loss"), "train_curve": curve("loss")}  # fmt: skip
+
+
+def write_report(runs: list[Job], context: dict, argv, results: str) -> dict:
+    """Collects every run into <results>.json, then writes <results>.md and .png."""
+    import jax
+
+    dev, rows = jax.devices()[0], {}
+    for run in runs:
+        rows.setdefault(run.row, {"overrides": context["overrides"][run.row], "runs": []})
+        rows[run.row]["runs"].append(collect(run))
+    report = dict(context, command=format_command(argv), jax=jax.__version__, rows=rows,
+                  date=datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+                  device=f"{dev.platform} ({dev.device_kind}) x{jax.device_count()}",
+                  seq_lens=[str(t) for t in runs[0].seq_lens],
+                  splits=list(runs[0].splits))  # fmt: skip
+    os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
+    with open(results + ".json", "w") as f:
+        json.dump(report, f, indent=1)
+    splits = bool(report["splits"])
+    with open(results + ".md", "w") as f:
+        f.write(render_splits_markdown(report) if splits else render_markdown(report))
+    (plot_splits if splits else plot)(report, results + ".png")
+    return report

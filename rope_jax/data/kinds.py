@@ -1,0 +1,176 @@
+"""Which kind of data a config names, decided in one place, and what follows from it.
+
+`kind(config.data)` is the one switch between the two kinds of input this project
+trains on:
+
+  Text        a byte-level corpus (shipped, TFDS, or local files): next-token windows;
+              one position axis; no extra batch fields.
+  Multimodal  question-answer sequences over digit grids (`multimodal.FAMILIES`):
+              batches add `patches`, `is_patch`, `positions` (placed by the layout
+              scheme `data.scheme`) and `task`; 2 or 3 position axes.
+
+Everything else (the harness, the iterators, preparation) asks the kind object.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rope_jax import layouts
+from rope_jax.data import digits, multimodal, pipeline, sources
+
+
+class Text:
+    """A text corpus: one position axis, no tasks, windows of `data.seq_len` tokens."""
+
+    name = "text"
+
+    def __init__(self, data_config):
+        self.config = data_config
+
+    num_axes = 1
+    task_names = ()
+
+    def batch_fields(self) -> dict:
+        return {}
+
+    def check(self, model_config, eval_splits=()) -> None:
+        """Text has nothing to check against the model before its corpus is read."""
+
+    def prepare(self) -> None:
+        sources.prepare(self.config)
+
+    def train_iterator(self, *, seed, batch_size, shard):
+        return pipeline.text_train_iterator(
+            self.config, seed=seed, batch_size=batch_size, shard=shard
+        )
+
+    def eval_iterator(self, *, split, batch_size, seq_len, num_batches, shard):
+        seq_len = _positive_int(seq_len or self.config.get("seq_len", None), "seq_len")
+        if num_batches is not None:
+            num_batches = _positive_int(num_batches, "num_batches")
+        return pipeline.text_eval_iterator(self.config, split=split, batch_size=batch_size,
+                                           seq_len=seq_len, num_batches=num_batches,
+                                           shard=shard)  # fmt: skip
+
+
+class Multimodal:
+    """Digit-grid questions (`multimodal.FAMILIES`): A from the family, tasks, patches."""
+
+    name = "multimodal"
+
+    def __init__(self, data_config):
+        self.config = data_config
+        self.family = multimodal.family(data_config)
+        self.num_axes = self.family.num_axes
+
+    @property
+    def task_names(self) -> tuple:
+        return multimodal.tasks(self.config)
+
+    def batch_fields(self) -> dict:
+        return multimodal.batch_fields(self.config)
+
+    def check(self, model_config, eval_splits=()) -> None:
+        multimodal.check_config(self.config, model_config, eval_splits)
+
+    def prepare(self) -> None:
+        digits.build(multimodal.data_dir(self.config))
+
+    def train_iterator(self, *, seed, batch_size, shard):
+        return multimodal.make_train_iterator(
+            self.config, seed=seed, batch_size=batch_size, shard=shard
+        )
+
+    def eval_iterator(self, *, split, batch_size, seq_len, num_batches, shard):
+        seq_len = _positive_int(seq_len or multimodal.eval_seq_len(self.config), "seq_len")
+        config = self.config.copy_and_resolve_references()
+        config.seq_len = seq_len
+        num_examples = (
+            _positive_int(num_batches, "num_batches") * batch_size if num_batches else 512
+        )
+        return multimodal.make_eval_iterator(
+            config, split=split, batch_size=batch_size, num_examples=num_examples, shard=shard
+        )
+
+
+def kind(data_config) -> Text | Multimodal:
+    """The kind of data `config.data` names: a multimodal family, or else text."""
+    if data_config.get("name", "") in multimodal.FAMILIES and not data_config.get("files", ""):
+        return Multimodal(data_config)
+    return Text(data_config)
+
+
+def check_scheme(data_config) -> None:
+    """`data.scheme` must name a layout (text ignores it; multimodal data places with it)."""
+    scheme = data_config.get("scheme", "flat")
+    if scheme not in layouts.SCHEMES:
+        raise ValueError(f"data.scheme={scheme!r} is not one of {', '.join(layouts.SCHEMES)}")
+
+
+def prepare(data_config) -> None:
+    """Builds a shipped corpus or the digits if needed; checks any other source is usable."""
+    kind(data_config).prepare()
+
+
+def make_train_iterator(data_config, *, seed: int, batch_size: int, process_index: int = 0,
+                        process_count: int = 1):  # fmt: skip
+    """Infinite, checkpointable iterator of training batches.
+
+    Args:
+      data_config: the `config.data` ConfigDict (see `rope_jax.data.default_config`).
+      seed: shuffle seed; the same seed gives the same batches in the same order.
+      batch_size: B, rows per batch of this process.
+      process_index, process_count: for multi-host data parallelism
+        (`jax.process_index()`, `jax.process_count()`): all processes shuffle the
+        same global batches of `process_count * B` windows and each keeps its own
+        contiguous block of B rows.
+
+    Returns:
+      A `grain.DatasetIterator`; `it.get_state()` is a small JSON-serialisable dict
+      and `it.set_state(state)` resumes exactly at the batch after the snapshot.
+    """
+    _positive_int(data_config.get("seq_len", None), "data.seq_len")
+    batch_size = _positive_int(batch_size, "batch_size")
+    shard = _shard(process_index, process_count)
+    if not 0 <= int(seed) < 2**32:
+        raise ValueError(f"seed must lie in [0, 2**32), got {seed}")
+    return kind(data_config).train_iterator(seed=seed, batch_size=batch_size, shard=shard)
+
+
+def make_eval_iterator(data_config, *, split: str, batch_size: int, seq_len: int | None = None,
+                       num_batches: int | None = None, process_index: int = 0,
+                       process_count: int = 1):  # fmt: skip
+    """Finite, deterministic, re-iterable batches covering `split` once, in order.
+
+    Args:
+      data_config: the `config.data` ConfigDict.
+      split: e.g. "validation" or "test" (for TFDS datasets any split they have).
+      batch_size: B; the last batch is padded with weight-0 rows to full size.
+      seq_len: T; defaults to `data.seq_len`; any length works (e.g. 4x training).
+        Multimodal splits default to `multimodal.eval_seq_len`, which fits every split.
+      num_batches: if set, only the first `num_batches` batches. A multimodal split
+        is its first `num_batches * batch_size` examples (512 when None).
+      process_index, process_count: as in `make_train_iterator`; every process gets
+        the same number of batches.
+
+    Returns:
+      A `grain.IterDataset`; each `iter()` starts again from the first batch.
+    """
+    batch_size = _positive_int(batch_size, "batch_size")
+    shard = _shard(process_index, process_count)
+    return kind(data_config).eval_iterator(split=split, batch_size=batch_size, seq_len=seq_len,
+                                           num_batches=num_batches, shard=shard)  # fmt: skip
+
+
+def _positive_int(value, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(f"{field} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _shard(process_index: int, process_count: int) -> tuple[int, int]:
+    process_count = _positive_int(process_count, "process_count")
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index must lie in [0, {process_count}), got {process_index}")
+    return int(process_index), process_count

@@ -1,0 +1,89 @@
+"""The local launcher: each job is `python train.py` then `python eval.py` in a subprocess.
+
+Jobs run one after another from the repository root, each with its own workdir and
+log, sharing one compilation cache. A finished job is skipped, an unfinished one
+resumes from its checkpoint; Ctrl-C (or SIGTERM) reaches the sweep, which passes
+SIGTERM to the child so train.py saves before exiting.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+from rope_jax.experiments.plan import ROOT, Job, SweepError, status
+from rope_jax.experiments.report import collect
+
+
+def latest_checkpoint(workdir: str) -> int | None:
+    ckpts = os.path.join(workdir, "checkpoints")  # orbax renames a step dir once complete
+    steps = os.listdir(ckpts) if os.path.isdir(ckpts) else []
+    return max((int(d) for d in steps if d.isdigit()), default=None)
+
+
+def launch(cmd: list, log_path: str, env: dict) -> None:
+    """Runs `cmd` from the repo root into `log_path`. Ctrl-C reaches only the sweep (the
+    child is in a new process group), which sends SIGTERM: train.py saves a checkpoint."""
+    with open(log_path, "a") as log:
+        log.write(f"\n=== {datetime.datetime.now():%Y-%m-%d %H:%M:%S} {shlex.join(cmd)}\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)  # fmt: skip
+        try:
+            rc = proc.wait()
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait()
+            raise
+    if rc != 0:
+        raise SweepError(f"{cmd[1]} exited with status {rc}")
+
+
+def execute(run: Job, env: dict) -> None:
+    """train.py (unless its final checkpoint exists), then eval.py at T, 2T, 4T."""
+    os.makedirs(run.workdir, exist_ok=True)
+    log = os.path.join(run.workdir, "train.log")
+    try:
+        if latest_checkpoint(run.workdir) != run.final_step:
+            launch([sys.executable, "train.py", *run.flags], log, env)
+            if latest_checkpoint(run.workdir) != run.final_step:
+                raise SweepError(f"train.py stopped before step {run.final_step}")
+        launch([sys.executable, "eval.py", f"--workdir={run.workdir}", f"--step={run.final_step}",
+                "--seq_lens=" + ",".join(map(str, run.seq_lens)),
+                *(["--splits=" + ",".join(run.splits)] if run.splits else [])],
+               log, env)  # fmt: skip
+    except SweepError as e:
+        with open(log) as f:
+            print("".join("    " + line for line in f.readlines()[-25:]), end="", file=sys.stderr)
+        raise SweepError(f"run row={run.row} seed={run.seed} failed: {e}; log: {log}") from None
+
+
+def run_all(runs: list[Job], workdir: str) -> None:
+    """Runs what is not done, in order, with progress and an ETA on stdout."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if "JAX_COMPILATION_CACHE_DIR" not in env:
+        env.update(JAX_COMPILATION_CACHE_DIR=os.path.abspath(os.path.join(workdir, "jax_cache")),
+                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")  # fmt: skip
+    left, durations = sum(status(r) != "done" for r in runs), []
+    for k, run in enumerate(runs, 1):
+        state, head = status(run), f"[{k}/{len(runs)}] row={run.row} seed={run.seed}"
+        if state == "done":
+            print(f"{head}  done, skipped", flush=True)
+            continue
+        eta = sum(durations) / len(durations) * left if durations else None
+        eta = "n/a" if eta is None else datetime.timedelta(seconds=round(eta))
+        print(f"{head}  {state}  {run.workdir}  ETA {eta}", flush=True)
+        start = time.time()
+        execute(run, env)
+        durations.append(time.time() - start)
+        left, rec = left - 1, collect(run)
+        train = f"train loss {rec['train_curve'][-1][1]:.4f}, " if rec["train_curve"] else ""
+        evals = ", ".join(f"{rec['loss'][str(t)]:.4f} @{t}" for t in run.seq_lens)
+        accs = ", ".join(f"{s} {rec['accuracy'][s]:.3f}" for s in run.splits)
+        accs = f"; answer accuracy {accs}" if accs else ""
+        print(f"    {durations[-1]:.0f}s  {train}held-out loss {evals}{accs}", flush=True)

@@ -1,0 +1,70 @@
+r"""Runs a config's sweep(): every row x seed is one training run; then a table and a plot.
+
+  python -m rope_jax.experiments.sweep --config=configs/lm.py:size=tiny --workdir=runs/vo_ablation \
+      --seeds=3 --results=results/vo_rope_ablation [--rows=qk,vo] [--set train.num_steps=200]
+
+The config module's `sweep(add)` calls `add(name="vo", **{"model.rope.sites": "vo"})` per
+row (dotted config paths -> values). Run (row, seed k) is `python train.py` in
+<workdir>/<row>/seed_<k> (its own process: isolated, resumable, killable), then
+`python eval.py --seq_lens=T,2T,4T` (or, when the config sets eval.splits, eval.py at T
+on each of those splits, reported as answer accuracy per split). The same command
+again skips finished runs and resumes unfinished ones. Runs share the compilation
+cache <workdir>/jax_cache unless JAX_COMPILATION_CACHE_DIR is set. Writes <results>.md
+(table), <results>.png (bars + validation curves) and <results>.json (all numbers;
+render_markdown(json) rebuilds the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from rope_jax.experiments.launch import run_all
+from rope_jax.experiments.plan import SweepError, plan, status
+from rope_jax.experiments.report import write_report
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m rope_jax.experiments.sweep", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--config", required=True, help="file[:arg], e.g. configs/lm.py:size=tiny")
+    p.add_argument("--workdir", required=True, help="runs go to <workdir>/<row>/seed_<k>")
+    p.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 for every row")
+    p.add_argument("--rows", default="", help="comma-separated rows to run (default: all)")
+    p.add_argument("--dry_run", action="store_true", help="list the runs and their status only")
+    p.add_argument("--results", default="", help="output prefix (default: <workdir>/results)")
+    p.add_argument("--extrapolate", default="2,4", help="extra eval lengths as multiples of T")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for every run; repeatable or comma-separated")  # fmt: skip
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C
+    try:
+        runs, context = plan(args)
+        if args.dry_run:
+            width = max(len(run.row) for run in runs)
+            for run in runs:
+                print(f"{run.row:>{width}}  seed {run.seed}  {status(run):>7}  {run.workdir}")
+            counts = [sum(status(r) == s for r in runs) for s in ("done", "partial", "new")]
+            print("{} runs: {} done, {} partial, {} new".format(len(runs), *counts))
+            return
+        run_all(runs, args.workdir)
+        results = args.results or os.path.join(args.workdir, "results")
+        write_report(runs, context, argv, results)
+        print(f"wrote {results}.md, {results}.png, {results}.json")
+    except SweepError as e:
+        sys.exit(f"error: {e}")
+    except KeyboardInterrupt:
+        sys.exit("interrupted (train.py saves a checkpoint on SIGTERM); rerun to resume")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""The training harness: everything between a config and a trained, evaluated run.
+
+  checks      every config rule, checked once before anything builds
+  optim       schedules and optimisers (one registry each)
+  steps       the state pytree, the pure train and eval steps
+  setup       build(config) -> Setup (mesh, shardings, jitted steps); evaluate; dry_run
+  feed        batches onto devices: placement, prefetch thread, abstract batches
+  loop        train_and_evaluate(config, workdir): the training loop
+  evaluate    evaluate_checkpoint / generate_text from a workdir
+  checkpoint  Orbax checkpoints with the config beside them
+  metrics     losses, evaluation sums, metric files
+
+The names most callers need are re-exported here (`harness.build(config)`).
+"""
+
+from rope_jax.harness.checks import check_batch_fits_mesh, check_config
+from rope_jax.harness.evaluate import evaluate_checkpoint, generate_text
+from rope_jax.harness.feed import Prefetch, abstract_batch, put_batch
+from rope_jax.harness.loop import NonFiniteLoss, print_dry_run, train_and_evaluate
+from rope_jax.harness.optim import OPTIMIZERS, SCHEDULES, make_optimizer
+from rope_jax.harness.setup import Setup, build, bytes_per_device, dry_run, evaluate, num_elements
+from rope_jax.harness.steps import create_model, init_state, make_eval_step, make_train_step
+
+__all__ = [
+    "OPTIMIZERS",
+    "SCHEDULES",
+    "NonFiniteLoss",
+    "Prefetch",
+    "Setup",
+    "abstract_batch",
+    "build",
+    "bytes_per_device",
+    "check_batch_fits_mesh",
+    "check_config",
+    "create_model",
+    "dry_run",
+    "evaluate",
+    "evaluate_checkpoint",
+    "generate_text",
+    "init_state",
+    "make_eval_step",
+    "make_optimizer",
+    "make_train_step",
+    "num_elements",
+    "print_dry_run",
+    "put_batch",
+    "train_and_evaluate",
+]

@@ -1,0 +1,75 @@
+"""Every config rule, checked in one place before anything is built or compiled.
+
+Each section's rules are owned by the code that reads the section (the model's by
+`nn.model.check_config`, the data's by its kind, the optimiser's registries by
+`harness.optim`); `check_config` runs them all once, in order, and each failure is
+one `ValueError` line naming the field, its value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from rope_jax import data
+from rope_jax.harness import optim
+from rope_jax.nn import model
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+    """Every check that can fail before anything compiles; one ValueError line each."""
+    kind = data.kind(config.data)
+    model.check_config(config.model, kind.num_axes)
+    data.check_scheme(config.data)
+    kind.check(config.model, config.eval.get("splits", ()))
+    if config.model.vocab_size < data.VOCAB_SIZE:
+        raise ValueError(
+            f"model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's "
+            f"{data.VOCAB_SIZE}"
+        )
+    _positive(config, "data.seq_len", "data.global_batch_size", "train.num_steps",
+              "train.log_every_steps", "eval.batch_size", "train.ckpt_keep")  # fmt: skip
+    _non_negative(config, "train.eval_every_steps", "train.ckpt_every_steps",
+                  "eval.num_batches", "optim.warmup_steps", "optim.weight_decay",
+                  "optim.grad_clip_norm")  # fmt: skip
+    if not config.optim.lr > 0:
+        raise ValueError(f"optim.lr={config.optim.lr!r} must be > 0")
+    _choice("optim.name", config.optim.name, optim.OPTIMIZERS)
+    _choice("optim.schedule", config.optim.schedule, optim.SCHEDULES)
+    for length in config.eval.seq_lens:
+        if not (isinstance(length, int) and length > 0):
+            raise ValueError(f"eval.seq_lens={tuple(config.eval.seq_lens)} must be positive ints")
+
+
+def check_batch_fits_mesh(config, mesh) -> None:
+    """Global and eval batches must split evenly over the data-parallel devices."""
+    data_parallel = mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1)
+    for field in ("data.global_batch_size", "eval.batch_size"):
+        if _get(config, field) % data_parallel:
+            raise ValueError(
+                f"{field}={_get(config, field)} is not divisible by the data-parallel size "
+                f"{data_parallel} (mesh {dict(mesh.shape)})"
+            )
+
+
+def _get(config, dotted):
+    node = config
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def _positive(config, *fields):
+    for field in fields:
+        if not _get(config, field) > 0:
+            raise ValueError(f"{field}={_get(config, field)!r} must be > 0")
+
+
+def _non_negative(config, *fields):
+    for field in fields:
+        if _get(config, field) < 0:
+            raise ValueError(f"{field}={_get(config, field)!r} must be >= 0")
+
+
+def _choice(field, value, registry):
+    if value not in registry:
+        raise ValueError(f"{field}={value!r} is not one of {', '.join(registry)}")
