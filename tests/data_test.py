@@ -1,9 +1,7 @@
 """Tests for rope_jax.data: corpora, tokenizer, Grain pipelines, error messages."""
 
-import contextlib
 import json
 import pickle
-import socket
 import time
 
 import jax
@@ -12,32 +10,9 @@ import pytest
 
 from rope_jax import data
 from rope_jax.data import corpora, sources
+from tests.conftest import no_network
 
 T = 64  # training context used throughout
-
-
-@contextlib.contextmanager
-def _no_network():
-    """Any attempt to open a connection or resolve a host fails the test."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"network access attempted: {args[:2]}")
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(socket.socket, "connect", refuse)
-        mp.setattr(socket, "create_connection", refuse)
-        mp.setattr(socket, "getaddrinfo", refuse)
-        yield
-
-
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    """One TFDS data dir per test session with both shipped corpora built (offline)."""
-    path = str(tmp_path_factory.mktemp("tfds"))
-    with _no_network():
-        for name in data.CORPORA:
-            data.prepare(_config(name=name, data_dir=path))
-    return path
 
 
 def _config(**overrides):
@@ -308,7 +283,7 @@ def test_empty_glob_is_one_clear_line(tmp_path):
 def test_missing_tfds_dataset_fails_fast(tmp_path):
     cfg = _config(name="lm1b", data_dir=str(tmp_path))
     start = time.perf_counter()
-    with _no_network(), pytest.raises(ValueError, match="lm1b") as err:
+    with no_network(), pytest.raises(ValueError, match="lm1b") as err:
         data.make_train_iterator(cfg, seed=0, batch_size=2)
     assert time.perf_counter() - start < 5
     message = str(err.value)

@@ -62,6 +62,7 @@ def text_pos(t, num_axes=1):
     return jnp.broadcast_to(jnp.arange(t, dtype=jnp.float32)[None, :, None], (B, t, num_axes))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv,sites", VARIANTS, ids=[f"{k}-{s or 'nope'}" for k, s in VARIANTS])
 def test_prefill_then_decode_equals_full_forward(kv, sites):
     model = model_lib.Decoder(cfg(kv, sites), rngs=nnx.Rngs(0))
@@ -71,6 +72,7 @@ def test_prefill_then_decode_equals_full_forward(kv, sites):
     np.testing.assert_allclose(np.asarray(cached), np.asarray(full), atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv,sites", [("separate", "qk"), ("separate", "vo"), ("tied", "qkvo")])
 def test_cache_layout_and_chunked_prefill(kv, sites):
     """The cache holds rotated k/v (or c) only; a prompt fed in chunks gives the same logits."""
@@ -113,6 +115,7 @@ PROMPTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv,sites", [("separate", "qkvo"), ("separate", "qk"), ("tied", "qkvo")])
 @pytest.mark.parametrize("prompt_id", list(PROMPTS))
 def test_multimodal_prompt_then_text_decode(prompt_id, kv, sites):
@@ -122,9 +125,7 @@ def test_multimodal_prompt_then_text_decode(prompt_id, kv, sites):
     tok, pos, patches, is_patch = mm_inputs(prompt, 4)
     n = layouts.num_tokens(prompt)
     start = layouts.next_position(prompt, "rope_tv", 3)
-    np.testing.assert_array_equal(
-        np.asarray(pos[:, n:]), layouts.text_positions([start] * B, 4, 3)
-    )
+    np.testing.assert_array_equal(np.asarray(pos[:, n:]), layouts.text_positions([start] * B, 4, 3))
     if prompt_id == "text-video":
         assert start != float(pos[0, n - 1].max()) + 1  # not "last position + 1"
     full = model(tok, pos, patches=patches, is_patch=is_patch)

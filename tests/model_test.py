@@ -233,6 +233,7 @@ def test_config_without_attention_field_is_separate():
 # ------------------------------------------------------------------ tied key/value
 
 
+@pytest.mark.slow
 def test_tied_model_params_cache_and_gradients():
     sep_cfg = tiny_cfg(**{"rope.sites": "qkvo"})
     tied_cfg = tiny_cfg(**{"attention.kv": "tied", "rope.sites": "qkvo"})
@@ -277,6 +278,7 @@ def test_tied_model_is_relative_and_equals_tied_weight_separate_model():
 # ----------------------------------------------------------------------- training
 
 
+@pytest.mark.slow
 def test_tiny_model_learns_repeating_sequence():
     model = model_lib.Decoder(tiny_cfg(**{"rope.sites": "vo"}), rngs=nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
@@ -296,6 +298,7 @@ def test_tiny_model_learns_repeating_sequence():
     assert losses[-1] < 0.3 * losses[0], losses
 
 
+@pytest.mark.slow
 def test_block_remat_gives_the_same_loss_and_gradients():
     x = tokens(3)
 

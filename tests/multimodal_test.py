@@ -31,14 +31,6 @@ PER_SPLIT = {False: 800, True: 400}  # generated examples per split: ~200 per ta
 B = 4  # batch rows
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    """A TFDS data dir of its own with the digits built once (never ~/tensorflow_datasets)."""
-    path = str(tmp_path_factory.mktemp("tfds_digits"))
-    digits.build(path)
-    return path
-
-
 def _config(data_dir, *, video=False, arg="", **overrides):
     config = mm_config.get_config(f"video={str(video).lower()}" + (f",{arg}" if arg else ""))
     config.data.data_dir = data_dir

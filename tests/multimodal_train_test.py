@@ -15,6 +15,9 @@ from rope_jax import data, harness
 from rope_jax.experiments import report as report_lib
 from rope_jax.harness import metrics
 
+
+pytestmark = pytest.mark.slow  # end-to-end training runs and a sweep
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST_XLA = {"XLA_FLAGS": "--xla_backend_optimization_level=0"}
 TINY = {"model.num_layers": 1, "model.embed_dim": 32, "model.num_heads": 2,
@@ -22,15 +25,6 @@ TINY = {"model.num_layers": 1, "model.embed_dim": 32, "model.num_heads": 2,
         "data.global_batch_size": 8, "train.num_steps": 6, "train.log_every_steps": 3,
         "train.eval_every_steps": 3, "train.ckpt_every_steps": 3, "eval.num_batches": 2,
         "eval.batch_size": 8}  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("tfds"))
-    config = multimodal.get_config()
-    config.data.data_dir = path
-    data.prepare(config.data)
-    return path
 
 
 def tiny(data_dir, arg="row=rope_tv", **overrides):

@@ -187,18 +187,21 @@ EXPECTED_SPECS = {
 }
 
 
+@pytest.mark.slow
 def test_mesh_is_auto_and_fills_minus_one(mesh_run):
     assert mesh_run["devices"] == 8
     assert mesh_run["mesh_shape"] == {"data": 2, "fsdp": 2, "tensor": 2}
     assert mesh_run["axis_types"] == ["Auto"] * 3
 
 
+@pytest.mark.slow
 def test_bad_mesh_shapes_raise(mesh_run):
     assert "needs 3 devices but 8 are present" in mesh_run["bad_(3, 1, 1)"]
     assert "not divisible by 3" in mesh_run["bad_(-1, 3, 1)"]
     assert "mesh.axes" in mesh_run["bad_(2, 2)"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", ["specs", "shard_model_specs", "specs_after_step"])
 def test_params_get_expected_shardings(mesh_run, key):
     specs = mesh_run[key]
@@ -206,12 +209,14 @@ def test_params_get_expected_shardings(mesh_run, key):
         assert specs[path] == spec, (key, path, specs[path])
 
 
+@pytest.mark.slow
 def test_rule_override(mesh_run):
     specs = mesh_run["override_specs"]
     assert specs["blocks/0/attn/q_proj"] == "(None, 'tensor')"
     assert specs["embed"] == "()"
 
 
+@pytest.mark.slow
 def test_sharded_init_and_forward_match_single_device(runs):
     mesh_run, (params, logits) = runs
     assert set(mesh_run["param_stats"]) == set(params)
@@ -222,6 +227,7 @@ def test_sharded_init_and_forward_match_single_device(runs):
     assert mesh_run["logits_spec"] == "(('data', 'fsdp'),)"
 
 
+@pytest.mark.slow
 def test_optimizer_state_follows_params(mesh_run):
     assert mesh_run["adam_mu_spec"] == "('fsdp', 'tensor')"  # nnx.Optimizer
     assert mesh_run["pytree_mu_spec"] == "('fsdp', 'tensor')"  # plain optax state
@@ -229,6 +235,7 @@ def test_optimizer_state_follows_params(mesh_run):
     assert np.isfinite(mesh_run["loss"])
 
 
+@pytest.mark.slow
 def test_batches(mesh_run):
     assert mesh_run["batch_spec"] == "(('data', 'fsdp'),)"
     assert mesh_run["batch_shard_shape"] == [2, 5]  # 8 rows over data x fsdp = 4
@@ -239,6 +246,7 @@ def test_batches(mesh_run):
     }
 
 
+@pytest.mark.slow
 def test_sizes(mesh_run, runs):
     params = runs[1][0]
     assert mesh_run["num_elements"] == sum(v.size for v in params.values())

@@ -144,6 +144,7 @@ def test_bad_requests_fail_with_one_line_before_running_anything(tmp_path, capsy
     assert not workdir.exists() and "[1/" not in out and seconds < 10
 
 
+@pytest.mark.slow
 def test_the_command_line_exits_non_zero_with_one_line(tmp_path):
     cmd = [sys.executable, "-m", "rope_jax.experiments.sweep", "--config=configs/lm.py",
            f"--workdir={tmp_path}/runs", "--rows=nope,typo"]  # fmt: skip
@@ -152,6 +153,7 @@ def test_the_command_line_exits_non_zero_with_one_line(tmp_path):
     assert proc.stderr.strip().count("\n") == 0 and "unknown row(s) typo" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_failing_run_stops_the_sweep_and_shows_its_log(tmp_path, capsys, monkeypatch):
     argv = ["--config=configs/lm.py:size=tiny", f"--workdir={tmp_path}", "--rows=qk", "--set", TINY]
     argv += ["--set", f"data.name=no_such_dataset_xyz,data.data_dir={tmp_path}"]
@@ -189,6 +191,7 @@ def _snapshot(workdir):
     return out
 
 
+@pytest.mark.slow
 def test_sweep_trains_every_row_and_seed_and_writes_the_report(swept):
     workdir, stdout = swept["workdir"], swept["stdout"]
     for k, (row, seed) in enumerate(RUNS, 1):
@@ -229,6 +232,7 @@ def test_sweep_trains_every_row_and_seed_and_writes_the_report(swept):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
+@pytest.mark.slow
 def test_the_same_command_again_skips_everything(swept, capsys, monkeypatch):
     workdir = swept["workdir"]
     before = _snapshot(workdir)
@@ -244,6 +248,7 @@ def test_the_same_command_again_skips_everything(swept, capsys, monkeypatch):
     assert proc.stdout.count(" done ") == 4 and "4 runs: 4 done, 0 partial, 0 new" in proc.stdout
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_alone_is_redone_and_resumes(swept, tmp_path, capsys, monkeypatch):
     workdir = tmp_path / "runs"
     shutil.copytree(swept["workdir"], workdir)

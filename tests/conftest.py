@@ -1,0 +1,40 @@
+"""Shared fixtures: one offline TFDS data dir per session with every shipped dataset.
+
+Tests marked `slow` (end-to-end training, subprocesses, sweeps) are left out of the
+quick loop: `python -m pytest -m "not slow"`.
+"""
+
+import contextlib
+import socket
+
+import pytest
+
+from rope_jax import data
+
+
+@contextlib.contextmanager
+def no_network():
+    """Any attempt to open a connection or resolve a host fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"network access attempted: {args[:2]}")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(socket.socket, "connect", refuse)
+        mp.setattr(socket, "create_connection", refuse)
+        mp.setattr(socket, "getaddrinfo", refuse)
+        yield
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    """A TFDS data dir of the session's own (never ~/tensorflow_datasets) with the shipped
+    corpora and the digits built, with the network refused while they build."""
+    path = str(tmp_path_factory.mktemp("tfds"))
+    config = data.default_config()
+    config.data_dir = path
+    with no_network():
+        for name in (*data.CORPORA, "digit_grids"):
+            config.name = name
+            data.prepare(config)
+    return path
