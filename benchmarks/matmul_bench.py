@@ -33,11 +33,11 @@ import sys
 import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _path in (_ROOT, os.path.join(_ROOT, "benchmarks")):  # configs, train_bench
+for _path in (_ROOT, os.path.join(_ROOT, "benchmarks")):  # configs, bench_child
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-import train_bench  # noqa: E402
+import bench_child  # noqa: E402
 
 DTYPES = ("float32", "bfloat16")
 
@@ -167,7 +167,7 @@ def report(size: str, ours: dict, peer: dict | None, command: str) -> str:
         "",
         f"Command: `{command}`",
         "",
-        f"Machine: {os.cpu_count()} CPU cores ({train_bench.cpu_name()}), {platform.machine()}. "
+        f"Machine: {os.cpu_count()} CPU cores ({bench_child.cpu_name()}), {platform.machine()}. "
         f"Versions: jax {ours['version']}" + (f", torch {peer['version']}" if peer else "") + ".",
         "",
         "| dtype | product | (batch x) M x K x N | form | per step | XLA GFLOP/s | "
@@ -207,10 +207,10 @@ def main(argv=None) -> int:
         print(json.dumps(measure(args.size, args.repeats)))
         return 0
     common = [f"--size={args.size}", f"--repeats={args.repeats}"]
-    ours = train_bench.run_child(["--only=jax", *common], script=__file__)
+    ours = bench_child.run_child(["--only=jax", *common], script=__file__)
     if ours is None:
         return 1
-    peer = train_bench.run_child(["--only=torch", *common], script=__file__)
+    peer = bench_child.run_child(["--only=torch", *common], script=__file__)
     command = "python benchmarks/matmul_bench.py " + " ".join(argv or sys.argv[1:])
     text = report(args.size, ours, peer, command.strip())
     print(text)

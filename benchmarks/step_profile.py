@@ -30,9 +30,11 @@ import tempfile
 import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _path in (_ROOT, os.path.join(_ROOT, "benchmarks")):
+for _path in (_ROOT, os.path.join(_ROOT, "benchmarks")):  # configs, bench_shapes
     if _path not in sys.path:
         sys.path.insert(0, _path)
+
+import bench_shapes  # noqa: E402
 
 
 def parse_sets(items: list[str], config) -> dict:
@@ -117,7 +119,6 @@ def summarize(events, table: dict, steps: int) -> list[dict]:
 def profile(config, *, steps: int, warmup: int = 2):
     """(median step s, kernel rows, optimised HLO text) of `config`'s train step."""
     import jax
-    import train_bench
     from jax.profiler import ProfileData
 
     from rope_jax import harness, sharding
@@ -126,7 +127,7 @@ def profile(config, *, steps: int, warmup: int = 2):
     s = dict(B=config.data.global_batch_size, T=config.data.seq_len)
     with sharding.use_mesh(run.mesh, run.rules):
         state = jax.jit(run.init_fn, out_shardings=run.shardings)()
-        batch = harness.put_batch(train_bench.synthetic_batch(s["B"], s["T"]), run.batch_sharding)
+        batch = harness.put_batch(bench_shapes.synthetic_batch(s["B"], s["T"]), run.batch_sharding)
         hlo = run.train_step.lower(state, batch).compile().as_text()
         times = []
         for i in range(warmup + steps):
@@ -149,9 +150,8 @@ def profile(config, *, steps: int, warmup: int = 2):
 
 def report(size, sets, step_s, rows, top: int, command: str) -> str:
     import jax
-    import train_bench
 
-    shape = train_bench.shape(size)
+    shape = bench_shapes.shape(size)
     shape.update({"T": sets.get("data.seq_len", shape["T"]),
                   "B": sets.get("data.global_batch_size", shape["B"])})  # fmt: skip
     total = sum(r["ms"] for r in rows)
@@ -163,7 +163,7 @@ def report(size, sets, step_s, rows, top: int, command: str) -> str:
         "",
         f"Device: {jax.devices()[0].device_kind} x{jax.device_count()}, jax {jax.__version__}. "
         f"Overrides: {sets or 'none'}. Step: {1e3 * step_s:.1f} ms (median), "
-        f"{train_bench.step_flops(shape) / step_s / 1e9:.1f} model GFLOP/s. "
+        f"{bench_shapes.step_flops(shape) / step_s / 1e9:.1f} model GFLOP/s. "
         f"Kernel time summed over threads: {total:.1f} ms per step, "
         f"{100 * dots / max(total, 1e-9):.0f}% of it in kernels holding matrix products.",
         "",

@@ -1,15 +1,34 @@
-"""Tests for benchmarks/train_bench.py: FLOP formula, table renderer, both measurement sides."""
+"""Tests for benchmarks/: FLOP formula, table renderer, both measurement sides, profiles."""
 
 import importlib.util
 import math
 import pathlib
+import sys
 
 import pytest
 
-_PATH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "train_bench.py"
-_SPEC = importlib.util.spec_from_file_location("train_bench", _PATH)
-bench = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(bench)
+_BENCHMARKS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _load(name: str):
+    """benchmarks/NAME.py loaded by path (benchmarks/ is not a package).
+
+    Its modules import each other by bare name, as when run as scripts, so benchmarks/
+    goes on sys.path first.
+    """
+    if str(_BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(_BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(name, _BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load("train_bench")  # the command line, over the modules below
+bench_shapes = _load("bench_shapes")
+train_ours = _load("train_ours")
+train_peer = _load("train_peer")
+train_report = _load("train_report")
 
 # A micro shape: L=1, D=8, N=2, K=1, H=4, F=16, V=5, T=3, B=2.
 MICRO = dict(L=1, D=8, N=2, K=1, H=4, F=16, V=5, T=3, B=2)
@@ -17,10 +36,10 @@ MICRO = dict(L=1, D=8, N=2, K=1, H=4, F=16, V=5, T=3, B=2)
 
 def test_flops_match_a_hand_count():
     # q 8*2*4=64, k 8*1*4=32, v 32, o 2*4*8=64, SwiGLU 3*8*16=384, head 8*5=40.
-    assert bench.matmul_params(MICRO) == 64 + 32 + 32 + 64 + 384 + 40
+    assert bench_shapes.matmul_params(MICRO) == 64 + 32 + 32 + 64 + 384 + 40
     # 6 * 616 * (2*3) + 12 * 1 * 2 * 3^2 * (2*4) = 22176 + 1728
-    assert bench.step_flops(MICRO) == 22176 + 1728
-    assert bench.step_flops(MICRO, batch=4, seq_len=6) == 6 * 616 * 24 + 12 * 4 * 36 * 8
+    assert bench_shapes.step_flops(MICRO) == 22176 + 1728
+    assert bench_shapes.step_flops(MICRO, batch=4, seq_len=6) == 6 * 616 * 24 + 12 * 4 * 36 * 8
 
 
 def test_matmul_params_equal_the_tiny_model_less_embedding_and_norms():
@@ -29,26 +48,29 @@ def test_matmul_params_equal_the_tiny_model_less_embedding_and_norms():
 
     config = lm.get_config("size=tiny")
     config.model.num_layers = 1  # same per-layer count, a faster build
-    s = bench.shape("tiny")
+    s = bench_shapes.shape("tiny")
     s["L"] = 1
     m = config.model
     net = model.Decoder(m, rngs=model.nnx.Rngs(0))
     norms = (2 * m.num_layers + 1) * m.embed_dim
-    assert bench.matmul_params(s) == model.count_params(net) - m.vocab_size * m.embed_dim - norms
+    assert (
+        bench_shapes.matmul_params(s)
+        == model.count_params(net) - m.vocab_size * m.embed_dim - norms
+    )
 
 
 def test_render_table_and_rejects_ragged_rows():
-    text = bench.render_table(["a", "b"], [[1, "x"], ["2.50", 3]])
+    text = train_report.render_table(["a", "b"], [[1, "x"], ["2.50", 3]])
     assert text.splitlines() == ["| a | b |", "|---|---|", "| 1 | x |", "| 2.50 | 3 |"]
     with pytest.raises(ValueError, match="2 cells"):
-        bench.render_table(["a"], [[1, 2]])
+        train_report.render_table(["a"], [[1, 2]])
 
 
 def test_target_marks():
-    assert bench._mark(1.2, 1.0) == "1.20 (met)"
-    assert bench._mark(0.8, 1.0) == "0.80 (NOT met)"
-    assert bench._mark(1.04, 1.05, higher=False) == "1.04 (met)"
-    assert bench._mark(None, 1.0) == "n/a"
+    assert train_report._mark(1.2, 1.0) == "1.20 (met)"
+    assert train_report._mark(0.8, 1.0) == "0.80 (NOT met)"
+    assert train_report._mark(1.04, 1.05, higher=False) == "1.04 (met)"
+    assert train_report._mark(None, 1.0) == "n/a"
 
 
 def _micro_config(monkeypatch):
@@ -60,15 +82,16 @@ def _micro_config(monkeypatch):
     monkeypatch.setitem(common.SIZES, "tiny", micro)
 
 
+@pytest.mark.slow
 def test_ours_side_returns_positive_numbers(monkeypatch):
     _micro_config(monkeypatch)
-    out = bench.measure_ours("tiny", ["nope", "qk"], warmup=1, steps=2)
+    out = train_ours.measure_ours("tiny", ["nope", "qk"], warmup=1, steps=2)
     for name in ("nope", "qk"):
         v = out["variants"][name]
         assert v["step_s"] > 0 and v["tokens_per_s"] > 0 and v["compile_s"] > 0
         assert v["first_loss"] == pytest.approx(v["first_loss"])  # finite
     assert out["rss_mib"] > 0
-    row = bench.summarize("tiny", out, None, out, {"f32_gflops": 100.0, "bf16_gflops": 1.0})
+    row = train_report.summarize("tiny", out, None, out, {"f32_gflops": 100.0, "bf16_gflops": 1.0})
     assert row["ours_tok_s"] > 0 and row["ours_mfu"] > 0 and row["qk_vs_nope"] > 0
     assert row["ours_vs_peer"] is None and row["peer_mfu"] is None
 
@@ -82,18 +105,19 @@ def test_layouts_sequences_have_the_requested_length():
     assert kinds == {"Text", "Image", "Video"}
 
 
+@pytest.mark.slow
 def test_peer_side_returns_positive_numbers(monkeypatch):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     _micro_config(monkeypatch)
-    out = bench.measure_peer("tiny", warmup=1, steps=2)
+    out = train_peer.measure_peer("tiny", warmup=1, steps=2)
     assert out["step_s"] > 0 and out["tokens_per_s"] > 0 and out["rss_mib"] > 0
     assert out["attn"] == "sdpa"
-    s = bench.shape("tiny")
-    model = bench.peer_model(s)
+    s = bench_shapes.shape("tiny")
+    model = train_peer.peer_model(s)
     total = sum(p.numel() for p in model.parameters())
     norms = (2 * s["L"] + 1) * s["D"]
-    assert bench.matmul_params(s) == total - s["V"] * s["D"] - norms  # same shape as ours
+    assert bench_shapes.matmul_params(s) == total - s["V"] * s["D"] - norms  # same shape as ours
 
 
 # The library's performance fixes (results/perf.md) must not change the numbers.
@@ -140,16 +164,13 @@ def test_attention_with_a_per_head_mask_matches_a_numpy_reference():
 
 # benchmarks/matmul_bench.py: the step's matrix products, one by one.
 
-_MM_PATH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "matmul_bench.py"
-_MM_SPEC = importlib.util.spec_from_file_location("matmul_bench", _MM_PATH)
-mm = importlib.util.module_from_spec(_MM_SPEC)
-_MM_SPEC.loader.exec_module(mm)
+mm = _load("matmul_bench")
 
 
 @pytest.mark.parametrize("size", ["tiny", "small", "1b"])
 def test_matmul_products_add_up_to_the_step_flops(size):
     flops = sum(p["count"] * 2 * p["batch"] * math.prod(p["mkn"]) for p in mm.products(size))
-    assert flops == bench.step_flops(bench.shape(size))
+    assert flops == bench_shapes.step_flops(bench_shapes.shape(size))
 
 
 def test_matmul_operands_are_stored_as_the_form_says():
@@ -159,6 +180,7 @@ def test_matmul_operands_are_stored_as_the_form_says():
     assert mm._operands(p) == ((3, 6, 4), (3, 5, 4))
 
 
+@pytest.mark.slow
 def test_matmul_sides_time_every_product_and_the_report_adds_them(monkeypatch):
     _micro_config(monkeypatch)
     ours = mm.measure_jax("tiny", repeats=1)
@@ -174,10 +196,7 @@ def test_matmul_sides_time_every_product_and_the_report_adds_them(monkeypatch):
 
 # benchmarks/step_profile.py: kernel time per source operation.
 
-_SP_PATH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "step_profile.py"
-_SP_SPEC = importlib.util.spec_from_file_location("step_profile", _SP_PATH)
-sp = importlib.util.module_from_spec(_SP_SPEC)
-_SP_SPEC.loader.exec_module(sp)
+sp = _load("step_profile")
 
 
 def test_dot_flops_of_an_hlo_snippet():
@@ -202,6 +221,7 @@ def test_parse_sets():
         sp.parse_sets(["model.rope.sites"], config)
 
 
+@pytest.mark.slow
 def test_profile_finds_the_products_of_a_real_step(monkeypatch):
     from configs import lm
 
@@ -215,5 +235,5 @@ def test_profile_finds_the_products_of_a_real_step(monkeypatch):
     # Every product of the step is found: their FLOPs add up to the compiled HLO's.
     # (plus the rotation's small cos/sin table product, `rotary._cos_sin_table`).
     found = sum(f for _, f in sp.kernel_table(hlo).values())
-    model_flops = bench.step_flops(bench.shape("tiny"))
+    model_flops = bench_shapes.step_flops(bench_shapes.shape("tiny"))
     assert model_flops <= found <= 1.05 * model_flops

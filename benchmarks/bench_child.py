@@ -1,0 +1,49 @@
+"""Running one measurement in a child process, and facts about this process and machine.
+
+A benchmark script runs each measurement as a child (the script itself with `--only=...`)
+that prints one JSON line: each framework then has its own peak memory and its own threads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+
+
+def run_child(args: list[str], *, script: str, timeout: float = 1800) -> dict | None:
+    """Runs `script` as a child with `args`; its last stdout line is JSON.
+
+    A child that fails writes the tail of its stderr to ours and gives None.
+    """
+    cmd = [sys.executable, os.path.abspath(script), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode:
+        sys.stderr.write(f"child {' '.join(args)} failed:\n{proc.stderr[-3000:]}\n")
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def torch_available() -> bool:
+    """Whether the peer's packages (torch, transformers) can be imported."""
+    return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set size (Linux ru_maxrss is in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else platform.processor()."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()

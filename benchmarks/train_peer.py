@@ -1,0 +1,137 @@
+"""The PyTorch peer of benchmarks/train_bench.py: HF transformers LlamaForCausalLM.
+
+`measure_peer` runs inside a child process of train_bench.py (needs the bench venv,
+requirements-bench.txt) and returns the dict that the child prints as its JSON line.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+from bench_child import peak_rss_mib
+from bench_shapes import shape, synthetic_batch
+
+
+def peer_model(s: dict):
+    """HF LlamaForCausalLM with our shape: untied head, sdpa attention, float32."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=s["V"],
+        hidden_size=s["D"],
+        intermediate_size=s["F"],
+        num_hidden_layers=s["L"],
+        num_attention_heads=s["N"],
+        num_key_value_heads=s["K"],
+        head_dim=s["H"],
+        max_position_embeddings=s["T"],
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(cfg).float()
+
+
+def _torch_device() -> str:
+    """Sets torch's threads (all cores) and seed (0); "cuda" if there is a GPU, else "cpu"."""
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":  # TF32 for float32 matmuls, as XLA does by default on GPUs
+        torch.set_float32_matmul_precision("high")
+    return device
+
+
+def _adamw(model, optim):
+    """torch AdamW with our optimiser's lr and betas; weight decay on matrices only."""
+    import torch
+
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    return torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": optim.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=optim.lr,
+        betas=(optim.b1, optim.b2),
+    )
+
+
+def _torch_batches(s: dict, device: str, num_batches: int) -> list[dict]:
+    """`synthetic_batch` [B, T] int64 tensors on `device`, seeds 0.., "weights" dropped."""
+    import torch
+
+    return [
+        {
+            k: torch.from_numpy(v).long().to(device)
+            for k, v in synthetic_batch(s["B"], s["T"], seed).items()
+            if k != "weights"
+        }
+        for seed in range(num_batches)
+    ]
+
+
+def _train_step(model, opt, batch: dict, *, vocab: int, clip: float) -> float:
+    """Forward, cross-entropy, backward, clip, AdamW step: the loss."""
+    import torch
+
+    logits = model(input_ids=batch["inputs"]).logits  # [B, T, V]
+    loss = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, vocab).float(), batch["targets"].reshape(-1)
+    )
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
+def _time_steps(step, batches: list, *, warmup: int, steps: int) -> tuple[list, list]:
+    """`step` over `batches` in turn, `warmup + steps` times: (timed seconds, all losses)."""
+    times, losses = [], []
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        losses.append(step(batches[i % len(batches)]))
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return times, losses
+
+
+def measure_peer(size: str, *, warmup: int, steps: int, num_batches: int = 2) -> dict:
+    """Median step time of the peer: forward, cross-entropy, backward, clip, AdamW."""
+    import torch
+    import transformers
+
+    from configs import lm
+
+    device = _torch_device()
+    s, optim = shape(size), lm.get_config(f"size={size}").optim
+    model = peer_model(s).to(device)
+    model.train()
+    opt = _adamw(model, optim)
+    batches = _torch_batches(s, device, num_batches)
+    step = lambda batch: _train_step(model, opt, batch, vocab=s["V"], clip=optim.grad_clip_norm)
+    times, losses = _time_steps(step, batches, warmup=warmup, steps=steps)
+    med = statistics.median(times)
+    return {
+        "side": "peer",
+        "size": size,
+        "step_s": med,
+        "tokens_per_s": s["B"] * s["T"] / med,
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+        "rss_mib": (
+            torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else peak_rss_mib()
+        ),
+        "device": device,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "threads": torch.get_num_threads(),
+        "attn": model.config._attn_implementation,
+    }
