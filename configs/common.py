@@ -81,6 +81,11 @@ def base_config(size: str) -> ml_collections.ConfigDict:
     # kv = "separate" (default): own key and value projections. "tied": one latent per kv
     # head is rotated once and serves as key and value (half the cache; needs sites qkvo).
     c.model.attention.kv = "separate"
+    # impl: the softmax-attention kernel (rotations stay outside it): xla (reference,
+    # [B, K, T, G, S] float32 scores) | dot_product (jax.nn.dot_product_attention: cuDNN
+    # flash attention on GPU in bf16) | chunked (blockwise online softmax, O(T) memory,
+    # any backend) | splash (TPU Pallas).
+    c.model.attention.impl = "xla"
 
     c.model.rope = ml_collections.ConfigDict()
     c.model.rope.sites = "qk"  # rotated sites, a subset of "qkvo"; "" = NoPE

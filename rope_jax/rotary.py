@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rope_jax.scaling import check_scaling, scaled_frequencies  # noqa: F401 (the public API)
+
 LADDERS = ("standard", "per_axis")
 LAYOUTS = ("half", "interleaved")
 ALLOCATIONS = ("interleaved", "sections")

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rope_jax import rotary, sharding
+from rope_jax.nn import kernels
 from rope_jax.nn.layers import dense_param
 from rope_jax.rotary import RopeSpec
 
@@ -82,6 +83,9 @@ def attend(
     mask=None,
     causal: bool = False,
     scale: float | None = None,
+    impl: str = "xla",
+    q_offset=None,
+    segments=None,
 ) -> jax.Array:
     """Softmax attention with rotation at `sites`.
 
@@ -96,8 +100,14 @@ def attend(
       rope: the rotation, a `rotary.RopeSpec` (or a mapping of its fields; None =
         the defaults).
       mask: optional bool [B or 1, 1 or N, T, S], True = attend.
-      causal: if True, query t attends keys s <= t + (S - T) (queries are the last T keys).
+      causal: if True, query t attends keys s <= t + (S - T) (queries are the last T keys),
+        or s <= t + q_offset when `q_offset` is given (decoding: the filled cache slots).
       scale: logit scale, default 1 / sqrt(H).
+      impl: the softmax-attention kernel, one of `kernels.IMPLS` (xla, dot_product,
+        chunked, splash); rotations stay outside it, so every site set runs on each.
+      q_offset: with `causal`, the position of query 0 among the keys (int or traced).
+      segments: optional (q_segments [B, T], kv_segments [B, S]) int document ids of
+        packed sequences: a query attends only keys of its own document.
 
     Returns:
       [B, T, N, H] in q's dtype. Scores and softmax are float32.
@@ -113,7 +123,7 @@ def attend(
     if "v" in sites:
         v = rot(v, k_positions)  # values rotate with their key's position
 
-    o = _softmax_mix(q, k, v, mask=mask, causal=causal, scale=scale)  # float32
+    o = _mix(q, k, v, mask, causal, scale, impl, q_offset, segments)  # float32
     if "o" in sites:
         o = rot(o, q_positions, inverse=True)  # o_i -> R_i^T o_i at the query position
     return o.astype(q.dtype)
@@ -129,6 +139,9 @@ def attend_tied(
     mask=None,
     causal: bool = False,
     scale: float | None = None,
+    impl: str = "xla",
+    q_offset=None,
+    segments=None,
 ) -> jax.Array:
     """Attention with one latent per key serving as key and value (sites "qkvo" implied).
 
@@ -139,7 +152,8 @@ def attend_tied(
     Args:
       q: [B, T, N, H] queries.
       c: [B, S, K, H] key/value latents; N % K == 0.
-      q_positions, k_positions, rope, mask, causal, scale: as in `attend`.
+      q_positions, k_positions, rope, mask, causal, scale, impl, q_offset, segments:
+        as in `attend`.
 
     Returns:
       [B, T, N, H] in q's dtype.
@@ -148,8 +162,17 @@ def attend_tied(
     spec = RopeSpec.of(rope)
     q = rotary.rotate(q, q_positions, spec)
     c = rotary.rotate(c, k_positions, spec)  # once: the key and the value
-    o = _softmax_mix(q, c, c, mask=mask, causal=causal, scale=scale)
+    o = _mix(q, c, c, mask, causal, scale, impl, q_offset, segments)
     return rotary.rotate(o, q_positions, spec, inverse=True).astype(q.dtype)
+
+
+def _mix(q, k, v, mask, causal, scale, impl, q_offset, segments) -> jax.Array:
+    """The kernel call shared by `attend` and `attend_tied`: float32 [B, T, N, H]."""
+    q_segments, kv_segments = (None, None) if segments is None else segments
+    if causal and q_offset is None:
+        q_offset = k.shape[1] - q.shape[1]  # queries are the last T keys
+    return kernels.mix(q, k, v, impl=impl, causal=causal, q_offset=q_offset, mask=mask,
+                       q_segments=q_segments, kv_segments=kv_segments, scale=scale)  # fmt: skip
 
 
 def _check_shapes(q, k, v) -> None:
@@ -158,49 +181,6 @@ def _check_shapes(q, k, v) -> None:
         raise ValueError(f"q {q.shape}, k {k.shape}, v {v.shape} do not fit [B,T,N,H] [B,S,K,H]")
     if n % kh:
         raise ValueError(f"num_heads={n} is not divisible by num_kv_heads={kh}")
-
-
-def _softmax_mix(q, k, v, *, mask, causal: bool, scale: float | None) -> jax.Array:
-    """sum_s softmax_s(q . k_s * scale) v_s for GQA heads; float32 [B, T, N, H].
-
-    Scores are laid out [B, K, T, G, S], the order a dot of q [B, T, K, G, H] with
-    k [B, S, K, H] produces, and the probabilities' dot with v returns [B, T, K, G, H]
-    = [B, T, N, H] directly: no transpose of the [.., T, S] arrays forward or backward.
-    """
-    (b, t, n, h), s, kh = q.shape, k.shape[1], k.shape[2]
-    scale = h**-0.5 if scale is None else scale
-    qg = q.reshape(b, t, kh, n // kh, h)  # [B, T, K, G, H]: head n = k * G + g
-    logits = jnp.einsum("BTKGH,BSKH->BKTGS", qg, k, preferred_element_type=jnp.float32)
-    logits = logits * scale  # [B, K, T, G, S]
-    keep = _mask(mask, causal, t, s, kh)
-    if keep is not None:
-        logits = jnp.where(keep, logits, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1)
-    return jnp.einsum(
-        "BKTGS,BSKH->BTKGH", probs.astype(v.dtype), v, preferred_element_type=jnp.float32
-    ).reshape(b, t, n, h)  # float32 until the final cast
-
-
-def _mask(mask, causal: bool, t: int, s: int, kv_heads: int):
-    """Combined bool keep-mask broadcastable to the scores [B, K, T, G, S], or None.
-
-    `mask` is [B or 1, 1 or N, T, S] with head n = k * G + g.
-    """
-    keep = None
-    if causal:
-        keep = (jnp.arange(s)[None, :] <= jnp.arange(t)[:, None] + (s - t))[:, None, :]
-    if mask is not None:
-        mask = jnp.asarray(mask, bool)
-        if mask.ndim != 4:
-            raise ValueError(f"mask has shape {mask.shape}: expected [B or 1, 1 or N, T, S]")
-        mb, mn = mask.shape[:2]
-        if mn == 1:
-            mask = mask[:, :, :, None, :]  # [B or 1, 1, T, 1, S]
-        else:
-            mask = mask.reshape(mb, kv_heads, mn // kv_heads, *mask.shape[2:])
-            mask = mask.transpose(0, 1, 3, 2, 4)  # [B or 1, K, T, G, S]
-        keep = mask if keep is None else keep & mask
-    return keep
 
 
 # ----------------------------------------------------------------------------- module
@@ -225,6 +205,7 @@ class Attention(nnx.Module):
         sites: str,
         rope: RopeSpec | Any = None,
         kv: str = "separate",
+        impl: str = "xla",
         dtype=jnp.float32,
         param_dtype=jnp.float32,
         out_scale: float = 1.0,
@@ -237,7 +218,7 @@ class Attention(nnx.Module):
         self.sites = check_sites(sites)
         check_kv(kv, sites)
         self.rope = RopeSpec.of(rope)
-        self.kv = kv
+        self.kv, self.impl = kv, kernels.check_impl(impl)
         self.dtype = dtype
         d, n, kh, h = embed_dim, num_heads, num_kv_heads, head_dim
         p = dict(dtype=param_dtype, fan_in=d)
@@ -269,11 +250,17 @@ class Attention(nnx.Module):
         k = sharding.constrain(k, ("batch", "seq", "kv_heads", "head_dim"))
         return q, k, (k if self.kv == "tied" else v)
 
-    def __call__(self, x, positions, mask=None, *, causal: bool = True) -> jax.Array:
-        """x [B, T, D], positions [B, T, A] -> [B, T, D] in the compute dtype."""
+    def __call__(self, x, positions, mask=None, *, causal: bool = True, segments=None) -> jax.Array:
+        """x [B, T, D], positions [B, T, A] -> [B, T, D] in the compute dtype.
+
+        `segments` [B, T] int: document ids of packed sequences (attention stays inside
+        each document); None = one sequence per row.
+        """
         x = x.astype(self.dtype)
         q, k, v = self._project(x)
-        kw = dict(q_positions=positions, k_positions=positions, rope=self.rope, mask=mask)
+        pairs = None if segments is None else (segments, segments)
+        kw = dict(q_positions=positions, k_positions=positions, rope=self.rope, mask=mask,
+                  impl=self.impl, segments=pairs)  # fmt: skip
         if self.kv == "tied":
             o = attend_tied(q, k, causal=causal, **kw)
         else:
@@ -322,8 +309,6 @@ class Attention(nnx.Module):
             }
             keys, values = cache["k"], cache["v"]
             sites = "".join(site for site in self.sites if site in "qo")  # k, v: in the cache
-        t, s = x.shape[1], keys.shape[1]
-        keep = jnp.arange(s)[None, :] <= index + jnp.arange(t)[:, None]  # [T, S]
         o = attend(
             q,
             keys,
@@ -332,6 +317,8 @@ class Attention(nnx.Module):
             k_positions=None,  # keys and values are already rotated
             sites=sites,
             rope=self.rope,
-            mask=keep[None, None],
+            causal=True,
+            q_offset=index,  # new token t sees the filled slots and itself
+            impl=self.impl,
         )
         return jnp.einsum("BTNH,NHD->BTD", o, self.o_proj[...].astype(self.dtype)), cache

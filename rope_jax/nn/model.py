@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rope_jax import layouts, rotary, sharding
+from rope_jax.nn import kernels
 from rope_jax.nn.attention import Attention, check_kv, check_sites
 from rope_jax.nn.layers import MLP, RMSNorm, dense_param
 
@@ -68,6 +69,7 @@ def check_config(cfg, num_axes: int = 1) -> None:
     if not isinstance(patch_dim, int) or patch_dim < 0:
         _fail("patch_dim", patch_dim, "must be a non-negative integer (0 = text only)")
     check_sites(cfg.rope.sites, field="model.rope.sites")
+    kernels.check_impl(attention_impl(cfg), field="model.attention.impl")
     check_kv(
         kv_mode(cfg), cfg.rope.sites, kv_field="model.attention.kv", sites_field="model.rope.sites"
     )
@@ -102,6 +104,12 @@ def kv_mode(cfg) -> str:
     return attention.get("kv", "separate")
 
 
+def attention_impl(cfg) -> str:
+    """`model.attention.impl`, the softmax-attention kernel; "xla" when the config predates it."""
+    attention = cfg.get("attention") or {}
+    return attention.get("impl", "xla")
+
+
 def kv_cache_bytes_per_token(cfg) -> int:
     """Decoding cache per token: layers x K x H x (2 separate k, v | 1 tied c) x dtype bytes."""
     per_head = 1 if kv_mode(cfg) == "tied" else 2
@@ -125,6 +133,7 @@ class Block(nnx.Module):
             sites=cfg.rope.sites,
             rope=rope,
             kv=kv_mode(cfg),
+            impl=attention_impl(cfg),
             dtype=dtype,
             param_dtype=param_dtype,
             out_scale=out_scale,
@@ -140,8 +149,8 @@ class Block(nnx.Module):
             rngs=rngs,
         )
 
-    def __call__(self, x, positions):
-        x = x + self.attn(self.attn_norm(x), positions)
+    def __call__(self, x, positions, segments=None):
+        x = x + self.attn(self.attn_norm(x), positions, segments=segments)
         x = x + self.mlp(self.mlp_norm(x))
         return sharding.constrain(x, ("batch", "seq", "embed"))
 
@@ -188,7 +197,9 @@ class Decoder(nnx.Module):
         self.norm = RMSNorm(d, dtype=self.dtype, param_dtype=param_dtype)
         self.head = dense_param(rngs, (d, v), ("embed", "vocab"), dtype=param_dtype, fan_in=d)
 
-    def __call__(self, tokens, positions=None, *, patches=None, is_patch=None) -> jax.Array:
+    def __call__(
+        self, tokens, positions=None, *, patches=None, is_patch=None, segments=None
+    ) -> jax.Array:
         """Logits of the next token.
 
         Args:
@@ -196,6 +207,8 @@ class Decoder(nnx.Module):
           positions: [B, T, A] float/int; None = text positions arange(T) on every axis.
           patches: [B, T, E] visual patch vectors (needs model.patch_dim = E).
           is_patch: bool [B, T], True where the stream holds a patch instead of a token.
+          segments: int [B, T] document ids of packed rows: attention stays inside each
+            document (positions restarting at every document come with the batch).
 
         Returns:
           float32 [B, T, V].
@@ -206,7 +219,7 @@ class Decoder(nnx.Module):
         x = self._embed(tokens, positions, patches, is_patch)
         call = nnx.remat(Block.__call__) if self.remat == "block" else Block.__call__
         for block in self.blocks:
-            x = call(block, x, positions)
+            x = call(block, x, positions, segments)
         return self._logits(x)
 
     def _embed(self, tokens, positions, patches, is_patch) -> jax.Array:

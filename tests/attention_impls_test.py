@@ -1,0 +1,128 @@
+"""The attention kernels inside the model: every `model.attention.impl` equals `xla`.
+
+Rotations stay outside the kernel, so for every rotation site subset (and the tied
+key/value cache) the decoder's loss and gradients must not depend on the kernel;
+decoding through the cache and packed documents (segment ids) too.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from rope_jax.nn import kernels
+from rope_jax.nn import model as model_lib
+
+B, T, V = 2, 12, 19
+ALL_SITES = ["".join(c) for r in range(5) for c in itertools.combinations("qkvo", r)]
+VARIANTS = [("separate", s) for s in ALL_SITES] + [("tied", "qkvo")]
+IMPLS = [i for i in kernels.IMPLS if i not in ("xla", "splash")]
+TOL = {"float32": dict(atol=2e-5, rtol=2e-5), "bfloat16": dict(atol=3e-2, rtol=3e-2)}
+
+
+def cfg(kv="separate", sites="qk", impl="xla", dtype="float32"):
+    rope = dict(sites=sites, base=100.0, ladder="standard", layout="half",
+                allocation="interleaved", sections=())  # fmt: skip
+    return ml_collections.ConfigDict(
+        dict(
+            vocab_size=V,
+            num_layers=2,
+            embed_dim=32,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=8,
+            mlp_dim=48,
+            dtype=dtype,
+            param_dtype="float32",
+            patch_dim=0,
+            attention=dict(kv=kv, impl=impl),
+            rope=rope,
+        )  # fmt: skip
+    )
+
+
+def tokens(seed, t=T):
+    return jnp.asarray(np.random.default_rng(seed).integers(0, V, size=(B, t)), jnp.int32)
+
+
+def loss_and_grads(config, tok, **call):
+    """Next-token loss of a fresh (seeded) decoder on `tok`, and its parameter gradients."""
+    model = model_lib.Decoder(config, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model, nnx.Param)
+
+    def loss_fn(p):
+        logits = nnx.merge(graphdef, p)(tok[:, :-1], **call)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tok[:, 1:]).mean()
+
+    loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params)
+    return float(loss), jax.tree.leaves(grads)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kv,sites", VARIANTS, ids=[f"{k}-{s or 'nope'}" for k, s in VARIANTS])
+def test_loss_and_gradients_equal_xla_for_every_site_subset(kv, sites, impl):
+    tok = tokens(1, T + 1)
+    ref_loss, ref_grads = loss_and_grads(cfg(kv, sites), tok)
+    loss, grads = loss_and_grads(cfg(kv, sites, impl), tok)
+    np.testing.assert_allclose(loss, ref_loss, **TOL["float32"])
+    for g, r in zip(grads, ref_grads, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=5e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("sites", ["qk", "vo"])
+def test_bfloat16_compute_stays_close_to_xla(sites, impl):
+    tok = tokens(2, T + 1)
+    ref_loss, _ = loss_and_grads(cfg(sites=sites, dtype="bfloat16"), tok)
+    loss, _ = loss_and_grads(cfg(sites=sites, impl=impl, dtype="bfloat16"), tok)
+    np.testing.assert_allclose(loss, ref_loss, **TOL["bfloat16"])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kv,sites", [("separate", "qk"), ("separate", "qkvo"), ("tied", "qkvo")])
+def test_prefill_then_decode_equals_the_full_forward(kv, sites, impl):
+    model = model_lib.Decoder(cfg(kv, sites, impl), rngs=nnx.Rngs(3))
+    tok = tokens(4)
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.float32)[None, :, None], (B, T, 1))
+    full = model(tok)
+    cache, out = model.init_cache(B, T + 2), []
+    for start, stop in [(0, 7), (7, 8), (8, 9), (9, T)]:  # a prompt, then single steps
+        logits, cache = model.decode(tok[:, start:stop], pos[:, start:stop], cache)
+        out.append(logits)
+    np.testing.assert_allclose(
+        np.asarray(jnp.concatenate(out, axis=1)), np.asarray(full), atol=3e-5, rtol=1e-5
+    )
+
+
+@pytest.mark.parametrize("impl", ["xla", *IMPLS])
+@pytest.mark.parametrize("kv,sites", [("separate", "qk"), ("separate", "vo"), ("tied", "qkvo")])
+def test_packed_documents_equal_the_documents_run_separately(kv, sites, impl):
+    """Segment ids keep attention inside each document; positions restart at 0 in each."""
+    model = model_lib.Decoder(cfg(kv, sites, impl), rngs=nnx.Rngs(5))
+    lengths = [5, 4, 3]  # three documents packed into one row of T = 12
+    tok = tokens(6)[:1]
+    segments = jnp.asarray(np.repeat(np.arange(3), lengths)[None], jnp.int32)
+    restart = np.concatenate([np.arange(n) for n in lengths]).astype(np.float32)
+    pos = jnp.asarray(restart[None, :, None])
+    packed = model(tok, pos, segments=segments)
+    start = 0
+    for n in lengths:
+        alone = model(tok[:, start : start + n])
+        np.testing.assert_allclose(
+            np.asarray(packed[:, start : start + n]), np.asarray(alone), atol=3e-5, rtol=1e-5
+        )
+        start += n
+
+
+def test_unknown_or_unavailable_impl_is_one_clear_line():
+    with pytest.raises(ValueError, match=r"model\.attention\.impl='flash'.*'chunked'"):
+        model_lib.check_config(cfg(impl="flash"))
+    if jax.default_backend() != "tpu":
+        with pytest.raises(ValueError, match=r"model\.attention\.impl='splash' needs a TPU"):
+            model_lib.check_config(cfg(impl="splash"))
