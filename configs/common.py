@@ -118,9 +118,12 @@ def base_config(size: str) -> ml_collections.ConfigDict:
     c.optim.b1 = 0.9  # Adam beta1
     c.optim.b2 = 0.95  # Adam beta2
     c.optim.grad_clip_norm = 1.0  # global-norm clip; 0 = off
+    c.optim.z_loss = 0.0  # weight of the z-loss mean(logsumexp(logits)^2); 0 = off
 
     c.train = ml_collections.ConfigDict()
     c.train.num_steps = 500  # optimiser steps
+    c.train.num_tokens = 0  # token budget for the dry run's cost plan; 0 = steps x batch x T
+    c.train.microbatches = 1  # k: each global batch is k sequential microbatches (accumulated)
     c.train.log_every_steps = 25  # progress line + metrics.jsonl + TensorBoard
     c.train.eval_every_steps = 250  # held-out evaluation; 0 = only at the end
     c.train.ckpt_every_steps = 250  # Orbax checkpoint; the last step is always saved

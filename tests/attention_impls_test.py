@@ -15,7 +15,7 @@ import optax
 import pytest
 from flax import nnx
 
-from rope_jax.nn import kernels
+from rope_jax.nn import attention, kernels
 from rope_jax.nn import model as model_lib
 
 B, T, V = 2, 12, 19
@@ -63,10 +63,42 @@ def loss_and_grads(config, tok, **call):
     return float(loss), jax.tree.leaves(grads)
 
 
+def attention_loss(q, k, v, qpos, kpos, *, kv, sites, impl, dtype):
+    """A scalar of the attention output (random weights), for loss-and-gradient checks."""
+    q, k, v = (x.astype(dtype) for x in (q, k, v))
+    kw = dict(q_positions=qpos, k_positions=kpos, rope={"base": 100.0}, causal=True, impl=impl)
+    if kv == "tied":
+        o = attention.attend_tied(q, k, **kw)
+    else:
+        o = attention.attend(q, k, v, sites=sites, **kw)
+    weights = jnp.linspace(-1.0, 1.0, o.size).reshape(o.shape)
+    return jnp.sum(o.astype(jnp.float32) * weights)
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("kv,sites", VARIANTS, ids=[f"{k}-{s or 'nope'}" for k, s in VARIANTS])
-def test_loss_and_gradients_equal_xla_for_every_site_subset(kv, sites, impl):
+def test_loss_and_gradients_equal_xla_for_every_site_subset(kv, sites, impl, dtype):
+    """Rotations stay outside the kernel: any site set gives xla's loss and gradients."""
+    rng = np.random.default_rng(len(sites) + 10 * (kv == "tied"))
+    q = jnp.asarray(rng.normal(size=(B, T, 4, 8)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(B, T, 2, 8)), jnp.float32) for _ in range(2))
+    pos = jnp.asarray(rng.uniform(0, 30, size=(B, T)), jnp.float32)
+    grad = lambda impl: jax.jit(jax.value_and_grad(
+        lambda q, k, v: attention_loss(q, k, v, pos, pos, kv=kv, sites=sites, impl=impl,
+                                       dtype=dtype), argnums=(0, 1, 2)))(q, k, v)  # fmt: skip
+    (ref_loss, ref_grads), (loss, grads) = grad("xla"), grad(impl)
+    tol = TOL[dtype]
+    np.testing.assert_allclose(float(loss), float(ref_loss), **tol)
+    for g, r in zip(grads, ref_grads, strict=True):
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r, np.float32), **tol)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kv,sites", [("separate", "qkvo"), ("tied", "qkvo")])
+def test_decoder_loss_and_gradients_equal_xla(kv, sites, impl):
     tok = tokens(1, T + 1)
     ref_loss, ref_grads = loss_and_grads(cfg(kv, sites), tok)
     loss, grads = loss_and_grads(cfg(kv, sites, impl), tok)
