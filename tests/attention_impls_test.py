@@ -75,10 +75,12 @@ def attention_loss(q, k, v, qpos, kpos, *, kv, sites, impl, dtype):
     return jnp.sum(o.astype(jnp.float32) * weights)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("kv,sites", VARIANTS, ids=[f"{k}-{s or 'nope'}" for k, s in VARIANTS])
+@pytest.mark.parametrize(
+    "kv,sites,impl,dtype",
+    [("separate", "vo", "chunked", "float32")]  # the quick loop's case; all in the full suite
+    + [pytest.param(k, s, i, d, id=f"{k}-{s or 'nope'}-{i}-{d}", marks=pytest.mark.slow)
+       for k, s in VARIANTS for i in IMPLS for d in ("float32", "bfloat16")],
+)  # fmt: skip
 def test_loss_and_gradients_equal_xla_for_every_site_subset(kv, sites, impl, dtype):
     """Rotations stay outside the kernel: any site set gives xla's loss and gradients."""
     rng = np.random.default_rng(len(sites) + 10 * (kv == "tied"))
@@ -107,6 +109,7 @@ def test_decoder_loss_and_gradients_equal_xla(kv, sites, impl):
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=5e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("sites", ["qk", "vo"])
 def test_bfloat16_compute_stays_close_to_xla(sites, impl):
@@ -116,6 +119,7 @@ def test_bfloat16_compute_stays_close_to_xla(sites, impl):
     np.testing.assert_allclose(loss, ref_loss, **TOL["bfloat16"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("kv,sites", [("separate", "qk"), ("separate", "qkvo"), ("tied", "qkvo")])
 def test_prefill_then_decode_equals_the_full_forward(kv, sites, impl):
@@ -132,8 +136,12 @@ def test_prefill_then_decode_equals_the_full_forward(kv, sites, impl):
     )
 
 
-@pytest.mark.parametrize("impl", ["xla", *IMPLS])
-@pytest.mark.parametrize("kv,sites", [("separate", "qk"), ("separate", "vo"), ("tied", "qkvo")])
+@pytest.mark.parametrize(
+    "impl,kv,sites",
+    [("chunked", "separate", "vo")]
+    + [pytest.param(i, k, s, marks=pytest.mark.slow) for i in ("xla", *IMPLS)
+       for k, s in [("separate", "qk"), ("separate", "vo"), ("tied", "qkvo")]],
+)  # fmt: skip
 def test_packed_documents_equal_the_documents_run_separately(kv, sites, impl):
     """Segment ids keep attention inside each document; positions restart at 0 in each."""
     model = model_lib.Decoder(cfg(kv, sites, impl), rngs=nnx.Rngs(5))

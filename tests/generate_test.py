@@ -153,6 +153,7 @@ def naive_greedy(model, tok, m, pos, **extra):
     return tok[:, t:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv,sites", [("separate", "qk"), ("separate", "vo"), ("tied", "qkvo")])
 def test_greedy_generate_equals_naive_greedy(kv, sites):
     model = model_lib.Decoder(cfg(kv, sites), rngs=nnx.Rngs(6))
@@ -166,6 +167,8 @@ def test_greedy_generate_equals_naive_greedy(kv, sites):
     np.testing.assert_array_equal(np.asarray(shifted), np.asarray(expected))
 
 
+@pytest.mark.slow
+@pytest.mark.slow
 def test_greedy_generate_after_a_visual_prompt_end():
     prompt = PROMPTS["text-video"]
     model = mm_model()

@@ -46,6 +46,12 @@ CASES = [
 CASE = {c.name: c for c in CASES}
 BF16_CASES = ("gqa", "mha-causal", "decode-traced", "everything")
 GRID = [(c, "float32") for c in CASES] + [(CASE[name], "bfloat16") for name in BF16_CASES]
+QUICK = {("gqa-causal", "float32"), ("everything", "float32")}  # the rest: full suite only
+GRID_PARAMS = [
+    pytest.param(c, d, id=f"{c.name}-{d}",
+                 marks=() if (c.name, d) in QUICK else pytest.mark.slow)
+    for c, d in GRID
+]  # fmt: skip
 # Tiny programs: compile time dominates, so compile the test's jits without optimizations.
 jit = functools.partial(
     jax.jit,
@@ -143,7 +149,7 @@ def empty_rows(case: Case) -> np.ndarray:
 
 
 @pytest.mark.parametrize("impl", ["dot_product", "chunked"])
-@pytest.mark.parametrize("case, dtype", GRID, ids=[f"{c.name}-{d}" for c, d in GRID])
+@pytest.mark.parametrize("case, dtype", GRID_PARAMS)
 def test_matches_xla(case, dtype, impl):
     out, grads = run(case, impl, dtype)
     ref_out, ref_grads = run(case, "xla", dtype)

@@ -217,6 +217,7 @@ def generated(data_dir, source_of):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split", SPLITS)
 @pytest.mark.parametrize("video", [False, True], ids=["image", "video"])
 def test_answers_are_right(generated, video, split):
@@ -669,6 +670,7 @@ def test_sweep_rows(video):
 # ------------------------------------------------------------------------------ metrics
 
 
+@pytest.mark.slow
 def _logits_for(predicted, vocab):
     """Logits whose argmax is `predicted` [B, T] (a clear margin)."""
     b, t = predicted.shape

@@ -15,7 +15,6 @@ from rope_jax import data, harness
 from rope_jax.experiments import report as report_lib
 from rope_jax.harness import metrics
 
-
 pytestmark = pytest.mark.slow  # end-to-end training runs and a sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
