@@ -1,0 +1,163 @@
+r"""Several sweeps side by side: how the rows' order moves with depth, context and size.
+
+  python -m rope_jax.experiments.ladder \
+      --sweeps=results/vo_rope_ablation.json,results/vo_rope_ladder_L4_T128.json \
+      --rows=nope,q,k,v,o,qk,vo,qkv,qkvo --out=results/vo_rope_scaling
+
+Each sweep (a `<results>.json` written by `rope_jax.experiments.sweep`) is one rung of
+the ladder. Per rung: Kendall tau of our order at the training length T against the
+reference table (the config's ARTICLE_LOSS), with a 95% bootstrap interval over seeds
+(each row's seeds resampled with replacement, the row mean recomputed, tau again),
+NoPE's rank, and every row's loss at T, 2T and 4T as mean ± std over seeds. Writes
+<out>.md, <out>.png and <out>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+from rope_jax.experiments.report import kendall, mean_std, ranks
+
+
+def label(report: dict) -> str:
+    """A rung's name from its settings: layers, width, context, steps."""
+    s = report["settings"]
+    return (f"L{s.get('model.num_layers')} D{s.get('model.embed_dim')} "
+            f"T{s.get('data.seq_len')} {s.get('train.num_steps')} steps")  # fmt: skip
+
+
+def seed_losses(report: dict, rows, length: str) -> dict[str, list[float]]:
+    """row -> its runs' held-out losses at `length` (one per seed)."""
+    return {r: [run["loss"][length] for run in report["rows"][r]["runs"]] for r in rows}
+
+
+def bootstrap_tau(losses: dict, reference: dict, *, draws: int = 2000, seed: int = 0):
+    """(tau, low, high): tau of the seed means, and the 2.5/97.5 percentiles of tau over
+    bootstrap resamples of each row's seeds."""
+    rng = np.random.default_rng(seed)
+    tau = kendall({r: np.mean(v) for r, v in losses.items()}, reference)[0]
+    taus = []
+    for _ in range(draws):
+        means = {r: float(np.mean(rng.choice(v, size=len(v)))) for r, v in losses.items()}
+        taus.append(kendall(means, reference)[0])
+    taus = [t for t in taus if t is not None]
+    low, high = np.percentile(taus, [2.5, 97.5]) if taus else (None, None)
+    return tau, None if low is None else float(low), None if high is None else float(high)
+
+
+def rung(report: dict, rows) -> dict:
+    """One rung's numbers: tau with its interval, ranks, NoPE's rank, mean ± std per length."""
+    rows = [r for r in rows if r in report["rows"]]
+    t = report["seq_lens"][0]
+    reference = {r: v for r, v in (report.get("article_loss") or {}).items() if r in rows}
+    at_t = seed_losses(report, rows, t)
+    tau, low, high = bootstrap_tau(at_t, reference)
+    order = ranks({r: float(np.mean(v)) for r, v in at_t.items()})
+    stats = {length: {r: mean_std(v) for r, v in seed_losses(report, rows, length).items()}
+             for length in report["seq_lens"]}  # fmt: skip
+    return {"label": label(report), "command": report.get("command", ""), "rows": rows,
+            "seeds": len(report["seeds"]), "seq_lens": report["seq_lens"], "tau": tau,
+            "tau_p": kendall({r: np.mean(v) for r, v in at_t.items()}, reference)[1],
+            "tau_ci": [low, high], "ranks": order, "nope_rank": order.get("nope"),
+            "reference_ranks": ranks(reference), "stats": stats}  # fmt: skip
+
+
+def _pm(stat) -> str:
+    mean, std = stat
+    return f"{mean:.3f}" + ("" if std is None else f" ± {std:.3f}")
+
+
+def render(rungs: list[dict], command: str) -> str:
+    """The ladder's page: one line per rung, then ranks and losses per row per rung."""
+    rows = rungs[0]["rows"]
+    out = ["# The VO-RoPE site ablation up a ladder of scale", "", f"Command: `{command}`", "",
+           "Kendall tau of our order at T against the reference table, with a 95% bootstrap "
+           "interval over seeds; NoPE's rank (1 = best).", "",
+           "| rung | seeds | tau | 95% interval | p | NoPE rank |",
+           "|---|---|---|---|---|---|"]  # fmt: skip
+    for g in rungs:
+        lo, hi = g["tau_ci"]
+        ci = "—" if lo is None else f"[{lo:.2f}, {hi:.2f}]"
+        p = "—" if g["tau_p"] is None else f"{g['tau_p']:.3f}"
+        out.append(f"| {g['label']} | {g['seeds']} | {g['tau']:.3f} | {ci} | {p} | "
+                   f"{g['nope_rank']} of {len(g['rows'])} |")  # fmt: skip
+    ref = rungs[0]["reference_ranks"]
+    out += ["", "Rank of each row at T per rung (reference rank in brackets):", "",
+            "| row | " + " | ".join(g["label"] for g in rungs) + " |",
+            "|---|" + "---|" * len(rungs)]  # fmt: skip
+    for r in sorted(rows, key=lambda r: ref.get(r, 99)):
+        out.append(f"| {r} ({ref.get(r, '—')}) | "
+                   + " | ".join(str(g["ranks"].get(r, "—")) for g in rungs) + " |")  # fmt: skip
+    for g in rungs:
+        lens = g["seq_lens"]
+        out += ["", f"Held-out loss, mean ± std over seeds, {g['label']}:", "",
+                "| row | " + " | ".join(f"@{t}" for t in lens) + " |",
+                "|---|" + "---|" * len(lens)]  # fmt: skip
+        for r in sorted(rows, key=lambda r: g["ranks"].get(r, 99)):
+            out.append(f"| {r} | " + " | ".join(_pm(g["stats"][t][r]) for t in lens) + " |")
+    return "\n".join(out) + "\n"
+
+
+def plot(rungs: list[dict], path: str) -> None:
+    """Left: tau with its interval per rung. Right: each row's rank per rung."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    x = np.arange(len(rungs))
+    taus = [g["tau"] for g in rungs]
+    lows = [
+        t if g["tau_ci"][0] is None else g["tau_ci"][0] for t, g in zip(taus, rungs, strict=True)
+    ]
+    highs = [
+        t if g["tau_ci"][1] is None else g["tau_ci"][1] for t, g in zip(taus, rungs, strict=True)
+    ]
+    err = [np.subtract(taus, lows), np.subtract(highs, taus)]
+    left.errorbar(x, taus, yerr=err, fmt="o-", capsize=4)
+    left.axhline(0, color="0.7", lw=0.8)
+    left.set(xticks=x, ylabel="Kendall tau vs reference", ylim=(-1, 1), title="agreement")
+    left.set_xticklabels([g["label"] for g in rungs], rotation=15, fontsize=8)
+    colours = plt.get_cmap("tab20")(np.linspace(0, 1, max(len(rungs[0]["rows"]), 2)))
+    for colour, r in zip(colours, rungs[0]["rows"], strict=False):
+        right.plot(x, [g["ranks"].get(r, np.nan) for g in rungs], "o-", color=colour, label=r)
+    right.set(xticks=x, ylabel="rank at T (1 = best)", title="rank of each row")
+    right.set_xticklabels([g["label"] for g in rungs], rotation=15, fontsize=8)
+    right.invert_yaxis()
+    right.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    p = argparse.ArgumentParser(prog="python -m rope_jax.experiments.ladder",
+                                description=__doc__.split("\n")[0])  # fmt: skip
+    p.add_argument("--sweeps", required=True, help="comma-separated sweep <results>.json files")
+    p.add_argument("--rows", default="nope,q,k,v,o,qk,vo,qkv,qkvo", help="rows to compare")
+    p.add_argument("--out", required=True, help="output prefix: <out>.md, .png, .json")
+    args = p.parse_args(argv)
+    paths = [s for s in args.sweeps.split(",") if s]
+    missing = [s for s in paths if not os.path.isfile(s)]
+    if missing:
+        sys.exit(f"error: --sweeps: no file {', '.join(missing)}")
+    rows = [r for r in args.rows.split(",") if r]
+    rungs = [rung(json.load(open(s)), rows) for s in paths]
+    command = "python -m rope_jax.experiments.ladder " + " ".join(argv)
+    with open(args.out + ".json", "w") as f:
+        json.dump({"command": command, "rungs": rungs}, f, indent=1)
+    with open(args.out + ".md", "w") as f:
+        f.write(render(rungs, command))
+    plot(rungs, args.out + ".png")
+    print(f"wrote {args.out}.md, {args.out}.png, {args.out}.json")
+
+
+if __name__ == "__main__":
+    main()

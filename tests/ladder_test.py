@@ -1,0 +1,60 @@
+"""The ladder report: several sweeps side by side, tau with a bootstrap interval."""
+
+import json
+
+import pytest
+
+from rope_jax.experiments import ladder
+
+REFERENCE = {"a": 1.0, "b": 2.0, "c": 3.0, "nope": 4.0}
+
+
+def sweep(losses: dict, layers=2, seq_len=8) -> dict:
+    """A sweep report like rope_jax.experiments.sweep writes: row -> per-seed losses at T."""
+    t = str(seq_len)
+    return {
+        "settings": {"model.num_layers": layers, "model.embed_dim": 16,
+                     "data.seq_len": seq_len, "train.num_steps": 10},
+        "seq_lens": [t, str(2 * seq_len)], "seeds": [0, 1, 2], "article_loss": REFERENCE,
+        "command": "python -m rope_jax.experiments.sweep ...",
+        "rows": {r: {"runs": [{"loss": {t: v, str(2 * seq_len): v + 1}} for v in vals]}
+                 for r, vals in losses.items()},
+    }  # fmt: skip
+
+
+def test_tau_is_exact_when_seeds_agree_and_its_interval_is_a_point():
+    rung = ladder.rung(sweep({r: [v] * 3 for r, v in REFERENCE.items()}), list(REFERENCE))
+    assert rung["tau"] == pytest.approx(1.0) and rung["tau_ci"] == [1.0, 1.0]
+    assert rung["nope_rank"] == 4 and rung["ranks"]["a"] == 1
+
+
+def test_noisy_seeds_widen_the_interval_and_reversed_order_gives_minus_one():
+    noisy = {"a": [1.0, 2.6, 1.1], "b": [2.0, 1.2, 2.1], "c": [3.0, 3.1, 2.9], "nope": [4.0] * 3}
+    rung = ladder.rung(sweep(noisy), list(REFERENCE))
+    low, high = rung["tau_ci"]
+    assert low < rung["tau"] <= high and high - low > 0.3
+    reversed_ = ladder.rung(sweep({r: [-v] * 3 for r, v in REFERENCE.items()}), list(REFERENCE))
+    assert reversed_["tau"] == pytest.approx(-1.0)
+
+
+def test_mean_and_std_at_every_length():
+    rung = ladder.rung(sweep({"a": [1.0, 2.0, 3.0], "b": [2.0] * 3}), ["a", "b", "missing"])
+    assert rung["rows"] == ["a", "b"]
+    assert rung["stats"]["8"]["a"] == (2.0, 1.0) and rung["stats"]["16"]["a"][0] == 3.0
+
+
+def test_command_line_writes_table_plot_and_json(tmp_path):
+    paths = []
+    for layers in (2, 4):
+        losses = {r: [v + 0.01 * s for s in range(3)] for r, v in REFERENCE.items()}
+        path = tmp_path / f"L{layers}.json"
+        path.write_text(json.dumps(sweep(losses, layers=layers)))
+        paths.append(str(path))
+    out = tmp_path / "ladder"
+    ladder.main([f"--sweeps={','.join(paths)}", "--rows=a,b,c,nope", f"--out={out}"])
+    md = (tmp_path / "ladder.md").read_text()
+    assert "| L2 D16 T8 10 steps | 3 | 1.000 |" in md and "| L4 D16 T8 10 steps |" in md
+    assert (tmp_path / "ladder.png").stat().st_size > 0
+    assert len(json.loads((tmp_path / "ladder.json").read_text())["rungs"]) == 2
+    with pytest.raises(SystemExit, match="no file"):
+        ladder.main([f"--sweeps={tmp_path}/none.json", f"--out={out}"])
