@@ -95,6 +95,30 @@ def base_config(size: str) -> ml_collections.ConfigDict:
     c.model.rope.allocation = "interleaved"  # pair -> axis: interleaved | sections
     c.model.rope.sections = ()  # pairs per axis (one per position axis) for allocation=sections,
     # summing to H/2; the data decides the number of axes A (1 text, 2 image, 3 video)
+    # Context scaling (docs/maths.md#context-scaling), Hugging Face `rope_parameters` keys;
+    # a key left None is absent, e.g. --config.model.rope.scaling.rope_type=yarn
+    # --config.model.rope.scaling.factor=4. The rule applies to every rotating (global) layer.
+    _placeholder = ml_collections.config_dict.placeholder  # a typed None (settable by flag)
+    c.model.rope.scaling = ml_collections.ConfigDict()
+    # rope_type: default | linear | dynamic | yarn | longrope | llama3 | proportional
+    c.model.rope.scaling.rope_type = "default"  # the rule; default = plain RoPE
+    c.model.rope.scaling.factor = _placeholder(float)  # f, context extension factor (>= 1)
+    c.model.rope.scaling.partial_rotary_factor = _placeholder(float)  # rotated share of H; None = 1
+    c.model.rope.scaling.original_max_position_embeddings = _placeholder(int)  # L0; None = L
+    c.model.rope.scaling.attention_factor = _placeholder(float)  # logit factor (yarn, longrope)
+    c.model.rope.scaling.beta_fast = _placeholder(float)  # yarn: turns kept as they are (32)
+    c.model.rope.scaling.beta_slow = _placeholder(float)  # yarn: turns fully interpolated (1)
+    c.model.rope.scaling.mscale = _placeholder(float)  # yarn: attention factor numerator scale
+    c.model.rope.scaling.mscale_all_dim = _placeholder(float)  # yarn: ... denominator scale
+    c.model.rope.scaling.truncate = _placeholder(bool)  # yarn: round the ramp ends (True)
+    c.model.rope.scaling.short_factor = _placeholder(tuple)  # longrope: P' rescales, T <= L0
+    c.model.rope.scaling.long_factor = _placeholder(tuple)  # longrope: P' rescales, T > L0
+    c.model.rope.scaling.low_freq_factor = _placeholder(float)  # llama3: wavelengths > L0/low
+    c.model.rope.scaling.high_freq_factor = _placeholder(float)  # llama3: wavelengths < L0/high
+    c.model.rope.max_position_embeddings = _placeholder(int)  # L; None = the training seq_len
+    c.model.rope.nope_every = 0  # k > 0: layers k-1, 2k-1, ... have no rotation (Llama 4)
+    c.model.rope.local_base = _placeholder(float)  # base of the non-global layers (Gemma 3)
+    c.model.rope.global_every = 0  # g > 0: layers g-1, 2g-1, ... global (base), others local_base
 
     c.data = ml_collections.ConfigDict()
     c.data.name = "shakespeare"  # shakespeare | python_stdlib | any TFDS text dataset

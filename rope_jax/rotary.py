@@ -6,6 +6,7 @@ input dtype (a bfloat16 phase at position 1e5 is off by hundreds of radians).
 
 Shape legend:
   B batch, T positions, N heads, H head dim (even), P = H/2 rotation pairs,
+  P' rotated pairs (P, or fewer with scaling's partial_rotary_factor < 1),
   A position axes (1 text, 2 image (h, w), 3 video (t, h, w)).
 
 Vocabulary (the same names as the config fields `config.model.rope.*`):
@@ -16,10 +17,24 @@ Vocabulary (the same names as the config fields `config.model.rope.*`):
               rotate_half); "interleaved" pairs (2i, 2i + 1) (RoFormer / GPT-J).
   allocation  which axis drives pair i: "interleaved" a(i) = i mod A; "sections"
               contiguous blocks of sizes `sections` (Qwen2-VL's mrope_section).
+  scaling     a context-scaling rule with Hugging Face's `rope_parameters` keys
+              (`rope_jax.scaling`): rope_type linear | dynamic | yarn | longrope | llama3 |
+              proportional, partial_rotary_factor, ...; None = plain RoPE.
+  max_position_embeddings  L, the length the rules scale from (HF's field of that name).
 
-These five settings form one value, `RopeSpec`, validated when it is made. Every
+These seven settings form one value, `RopeSpec`, validated when it is made. Every
 function takes a spec, or its fields as keywords (`rotate(x, p, layout="interleaved")`),
-or both (keywords override the spec's fields). The maths is in docs/maths.md#rotation.
+or both (keywords override the spec's fields). The maths is in docs/maths.md#rotation
+and docs/maths.md#context-scaling.
+
+With a scaling rule the frequencies are `scaling.scaled_frequencies`; with
+partial_rotary_factor < 1 only the first D = 2P' numbers of a head rotate (the layout's
+pairs inside them, as HF's GPT-NeoX / Phi / Llama code rotates `q[..., :rotary_dim]`)
+and the rest pass through. `dynamic` and `longrope` depend on the current length:
+`seq_len`, a static int (default in `rotate`: T, x's length; attention passes its number
+of key slots). A rule's attention factor is not part of the rotation (which stays
+orthogonal): `attention_factor` returns it, and attention multiplies the q.k logits by
+it once per rotated q or k site (HF multiplies cos and sin of q and k, i.e. factor^2).
 """
 
 from __future__ import annotations
@@ -27,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +51,8 @@ import numpy as np
 from rope_jax.scaling import check_scaling, scaled_frequencies  # noqa: F401 (the public API)
 
 LADDERS = ("standard", "per_axis")
+# Scaling rules whose frequencies depend on the current length (`seq_len`).
+LENGTH_RULES = ("dynamic", "longrope")
 LAYOUTS = ("half", "interleaved")
 ALLOCATIONS = ("interleaved", "sections")
 
@@ -47,9 +65,14 @@ class RopeSpec:
     """Every rotation setting but the positions: validated once, passed as one value.
 
     Fields as in the module docstring; `sections` is a tuple of pairs per axis (only
-    with allocation="sections"). Hashable, so the per-shape frequency table is cached.
-    Whether the sections fit a head (sum H/2, one per axis) is checked with the head
-    size, in `pair_table`.
+    with allocation="sections"). `scaling` may be given as a dict (or ConfigDict) of HF
+    keys; it is checked by `scaling.check_scaling`, its defaults filled, and stored as a
+    sorted tuple of (key, value) pairs (lists as tuples), or None when it is plain RoPE
+    (rope_type "default" over the whole head). `max_position_embeddings` is kept only
+    with a scaling rule. Hashable, so the per-shape frequency table is cached. Whether
+    the sections and the scaling fit a head (sections sum to P', one per axis; the
+    rotated dims; factor lists of length P') is checked with the head size, in
+    `pair_table`.
     """
 
     base: float = 10000.0
@@ -57,6 +80,8 @@ class RopeSpec:
     layout: str = "half"
     allocation: str = "interleaved"
     sections: tuple[int, ...] | None = None
+    scaling: tuple[tuple[str, Any], ...] | None = None
+    max_position_embeddings: int | None = None
 
     def __post_init__(self):
         _check_choice("ladder", self.ladder, LADDERS)
@@ -77,8 +102,27 @@ class RopeSpec:
             raise ValueError(
                 "allocation='sections' needs sections=(s_0, ..., s_{A-1}) summing to H/2"
             )
+        scaling = _scaling_items(self.scaling)
+        if scaling is not None and self.ladder != "standard":
+            raise ValueError(
+                f"ladder={self.ladder!r} takes no scaling (got rope_type="
+                f"{dict(scaling)['rope_type']!r}): the rules rescale the standard ladder"
+            )
+        max_pos = self.max_position_embeddings
+        if max_pos is not None and (
+            isinstance(max_pos, bool) or not isinstance(max_pos, (int, np.integer)) or max_pos < 1
+        ):
+            raise ValueError(f"max_position_embeddings={max_pos!r} must be a positive integer")
         object.__setattr__(self, "base", float(self.base))
         object.__setattr__(self, "sections", sections)
+        object.__setattr__(self, "scaling", scaling)
+        max_pos = None if scaling is None or max_pos is None else int(max_pos)
+        object.__setattr__(self, "max_position_embeddings", max_pos)
+
+    @property
+    def rope_type(self) -> str:
+        """The scaling rule's name ("default" without one)."""
+        return dict(self.scaling or ()).get("rope_type", "default")
 
     @classmethod
     def of(cls, rope: RopeSpec | Mapping | None = None, **settings) -> RopeSpec:
@@ -101,8 +145,29 @@ class RopeSpec:
 
 
 SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(RopeSpec))
-# Keys of `config.model.rope` that say where or whether to rotate, not how.
-NOT_ROTATION = ("sites",)
+# Keys of `config.model.rope` that say where, whether or in which layer to rotate, not how
+# (read by nn/model.py: the sites, the NoPE layers, the local/global base per layer).
+NOT_ROTATION = ("sites", "nope_every", "local_base", "global_every")
+_PLAIN = {"rope_type": "default", "partial_rotary_factor": 1.0}
+
+
+def _scaling_items(scaling) -> tuple[tuple[str, Any], ...] | None:
+    """A scaling dict, ConfigDict or tuple of pairs, checked (without the head) and made
+    hashable: sorted (key, value) pairs with lists as tuples; None when it is plain RoPE."""
+    if scaling is None:
+        return None
+    if hasattr(scaling, "to_dict"):  # ml_collections.ConfigDict (not a Mapping)
+        scaling = scaling.to_dict()
+    elif isinstance(scaling, tuple):
+        try:
+            scaling = dict(scaling)
+        except (TypeError, ValueError):
+            raise ValueError(f"scaling={scaling!r} must be a dict of rope scaling keys") from None
+    params = check_scaling(scaling, head_dim=None)
+    if params == _PLAIN:
+        return None
+    hashable = lambda v: tuple(v) if isinstance(v, list) else v
+    return tuple(sorted((key, hashable(value)) for key, value in params.items()))
 
 
 def _check_choice(field: str, value: str, allowed: Sequence[str]) -> None:
@@ -117,27 +182,27 @@ def _check_head_dim(head_dim: int) -> None:
         )
 
 
-def _check_sections(sections, num_axes: int, head_dim: int) -> None:
+def _check_sections(sections, num_axes: int, head_dim: int, pairs: int) -> None:
     if len(sections) != num_axes:
         raise ValueError(
             f"sections={sections} has {len(sections)} entries but positions have {num_axes} axes"
         )
-    if sum(sections) != head_dim // 2:
-        raise ValueError(
-            f"sections={sections} must be non-negative and sum to head_dim/2={head_dim // 2}"
-        )
+    if sum(sections) != pairs:
+        what = f"head_dim/2={pairs}" if 2 * pairs == head_dim else f"the rotated pairs P'={pairs}"
+        raise ValueError(f"sections={sections} must be non-negative and sum to {what}")
 
 
 # --------------------------------------------------------------- frequencies (host)
 
 
-def _axes(head_dim: int, num_axes: int, spec: RopeSpec) -> np.ndarray:
+def _axes(head_dim: int, num_axes: int, spec: RopeSpec, pairs: int | None = None) -> np.ndarray:
+    """Axis of each of the `pairs` rotated pairs (default P = H/2)."""
     if isinstance(num_axes, bool) or not isinstance(num_axes, (int, np.integer)) or num_axes < 1:
         raise ValueError(f"num_axes={num_axes} must be >= 1")
-    pairs = head_dim // 2
+    pairs = head_dim // 2 if pairs is None else pairs
     if spec.allocation == "interleaved":
         return (np.arange(pairs) % num_axes).astype(np.int32)
-    _check_sections(spec.sections, num_axes, head_dim)
+    _check_sections(spec.sections, num_axes, head_dim, pairs)
     return np.repeat(np.arange(num_axes), spec.sections).astype(np.int32)
 
 
@@ -155,48 +220,109 @@ def _frequencies(head_dim: int, num_axes: int, spec: RopeSpec) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=256)
-def _pair_table(head_dim: int, num_axes: int, spec: RopeSpec) -> tuple[np.ndarray, np.ndarray]:
+def _scaled(head_dim: int, spec: RopeSpec, seq_len: int | None) -> tuple[np.ndarray, float]:
+    """(float32 [P'] frequencies, attention factor) of a standard-ladder spec with a rule."""
+    params = dict(spec.scaling)
+    max_pos = spec.max_position_embeddings
+    return scaled_frequencies(
+        head_dim, base=spec.base, scaling=params, max_position_embeddings=max_pos, seq_len=seq_len
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _pair_table(
+    head_dim: int, num_axes: int, spec: RopeSpec, seq_len: int | None
+) -> tuple[np.ndarray, np.ndarray]:
     _check_head_dim(head_dim)
-    freqs, axes = _frequencies(head_dim, num_axes, spec), _axes(head_dim, num_axes, spec)
+    if spec.scaling is None:
+        freqs = _frequencies(head_dim, num_axes, spec)
+    else:
+        freqs = _scaled(head_dim, spec, seq_len)[0].copy()
+    axes = _axes(head_dim, num_axes, spec, freqs.size)
     freqs.flags.writeable = axes.flags.writeable = False  # shared by the cache
     return freqs, axes
 
 
-def pair_table(
-    head_dim: int, rope: RopeSpec | None = None, *, num_axes: int = 1, **settings
-) -> tuple[np.ndarray, np.ndarray]:
-    """(frequencies float32 [P], axis of each pair int32 [P]): what drives every pair.
+def _length(spec: RopeSpec, seq_len) -> int | None:
+    """seq_len as a cache key: kept only for the rules that read it (LENGTH_RULES)."""
+    if spec.rope_type not in LENGTH_RULES or seq_len is None:
+        return None
+    if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
+        raise ValueError(f"seq_len={seq_len!r} must be a positive integer (a static length)")
+    return int(seq_len)
 
-    Computed once per (head_dim, num_axes, spec) and cached (read-only arrays).
+
+def pair_table(
+    head_dim: int,
+    rope: RopeSpec | None = None,
+    *,
+    num_axes: int = 1,
+    seq_len: int | None = None,
+    **settings,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(frequencies float32 [P'], axis of each pair int32 [P']): what drives every pair.
+
+    `seq_len` is the current length, read only by the `dynamic` and `longrope` rules
+    (which need it). Computed once per (head_dim, num_axes, spec, seq_len) and cached
+    (read-only arrays).
     """
-    return _pair_table(int(head_dim), int(num_axes), RopeSpec.of(rope, **settings))
+    spec = RopeSpec.of(rope, **settings)
+    return _pair_table(int(head_dim), int(num_axes), spec, _length(spec, seq_len))
+
+
+def attention_factor(
+    head_dim: int, rope: RopeSpec | None = None, *, seq_len: int | None = None, **settings
+) -> float:
+    """The scaling rule's attention factor m (1.0 without a rule; yarn, longrope).
+
+    HF multiplies cos and sin of both q and k by m, so the q.k logits scale by m^2; here
+    the rotation stays orthogonal and attention applies m to the logits once per rotated
+    q or k site (nn/attention.py), never to values or outputs.
+    """
+    spec = RopeSpec.of(rope, **settings)
+    if spec.scaling is None:
+        return 1.0
+    _check_head_dim(int(head_dim))
+    return _scaled(int(head_dim), spec, _length(spec, seq_len))[1]
 
 
 def axis_of_pair(
-    head_dim: int, rope: RopeSpec | None = None, *, num_axes: int = 1, **settings
+    head_dim: int,
+    rope: RopeSpec | None = None,
+    *,
+    num_axes: int = 1,
+    seq_len: int | None = None,
+    **settings,
 ) -> np.ndarray:
-    """Which position axis drives each rotation pair.
+    """Which position axis drives each rotated pair.
 
     Returns:
-      int32 [P]: a(i) in [0, A).
+      int32 [P']: a(i) in [0, A).
     """
-    return pair_table(head_dim, rope, num_axes=num_axes, **settings)[1]
+    return pair_table(head_dim, rope, num_axes=num_axes, seq_len=seq_len, **settings)[1]
 
 
 def frequencies(
-    head_dim: int, rope: RopeSpec | None = None, *, num_axes: int = 1, **settings
+    head_dim: int,
+    rope: RopeSpec | None = None,
+    *,
+    num_axes: int = 1,
+    seq_len: int | None = None,
+    **settings,
 ) -> np.ndarray:
-    """Rotation frequency of every pair.
+    """Rotation frequency of every rotated pair.
 
     "standard": theta_i = base ** (-2 i / H) for i in [0, P), regardless of axes.
     "per_axis": the k-th pair driven by axis a (of n_a pairs) gets base ** (-k / n_a),
     i.e. every axis has the full geometric ladder over its own pairs (for 2-D with
     interleaved allocation this is theta_{2j} = theta_{2j+1} = base**(-4j/H)).
+    With `scaling`: `scaling.scaled_frequencies` (standard ladder only; `seq_len` for
+    dynamic / longrope).
 
     Returns:
-      float32 [P].
+      float32 [P'].
     """
-    return pair_table(head_dim, rope, num_axes=num_axes, **settings)[0]
+    return pair_table(head_dim, rope, num_axes=num_axes, seq_len=seq_len, **settings)[0]
 
 
 # ---------------------------------------------------------------- angles (traced)
@@ -214,17 +340,21 @@ def _num_axes(x_ndim: int, positions) -> int:
     )
 
 
-def angles(positions, rope: RopeSpec | None = None, *, head_dim: int, **settings) -> jax.Array:
-    """Phase of every pair: angle_i = p[a(i)] * theta_i, in float32.
+def angles(
+    positions, rope: RopeSpec | None = None, *, head_dim: int, seq_len: int | None = None,
+    **settings,
+) -> jax.Array:  # fmt: skip
+    """Phase of every rotated pair: angle_i = p[a(i)] * theta_i, in float32.
 
     Args:
       positions: [..., A] float or int (A >= 1; use positions[..., None] for 1-D).
+      seq_len: the current length, for the dynamic / longrope rules.
 
     Returns:
-      float32 [..., P].
+      float32 [..., P'].
     """
     num_axes = int(positions.shape[-1])
-    freqs, axes = pair_table(head_dim, rope, num_axes=num_axes, **settings)
+    freqs, axes = pair_table(head_dim, rope, num_axes=num_axes, seq_len=seq_len, **settings)
     positions = jnp.asarray(positions).astype(jnp.float32)
     if num_axes == 1:
         per_pair = positions  # [..., 1] broadcasts over P
@@ -234,18 +364,28 @@ def angles(positions, rope: RopeSpec | None = None, *, head_dim: int, **settings
 
 
 def rotate(
-    x, positions, rope: RopeSpec | None = None, *, inverse: bool = False, **settings
+    x,
+    positions,
+    rope: RopeSpec | None = None,
+    *,
+    inverse: bool = False,
+    seq_len: int | None = None,
+    **settings,
 ) -> jax.Array:
     """Rotates x by R_p (or R_p^T with inverse=True) at each token's position p.
 
     Pair (u, v) at angle phi becomes (u cos phi - v sin phi, u sin phi + v cos phi).
+    With a partial rotary factor only x[..., :2P'] rotates; x[..., 2P':] is returned as
+    it is. The scaling rule's attention factor is not applied here (`attention_factor`).
 
     Args:
       x: [B, T, N, H] (any leading dims: [..., T, N, H]).
       positions: [B, T] (1-D) or [B, T, A] (N-D), int or float, may be traced.
       rope: a `RopeSpec` (None = the defaults); `**settings` override its fields
-        (base, ladder, layout, allocation, sections: see the module docstring).
+        (base, ladder, layout, allocation, sections, scaling, max_position_embeddings:
+        see the module docstring).
       inverse: apply the inverse rotation R^T (angle -phi), e.g. on attention outputs.
+      seq_len: static current length read by the dynamic / longrope rules; default T.
 
     Returns:
       [B, T, N, H] in x's dtype.
@@ -266,16 +406,25 @@ def rotate(
             raise ValueError(
                 f"positions {tuple(positions.shape)} do not match x {tuple(x.shape)} on [..., T]"
             ) from None
-    phase = angles(positions, spec, head_dim=head_dim)  # [..., T, P]
-    cos, sin = _cos_sin_table(phase)  # [..., T, P] each, float32
+    seq_len = int(x.shape[-3]) if seq_len is None else seq_len
+    phase = angles(positions, spec, head_dim=head_dim, seq_len=seq_len)  # [..., T, P']
+    cos, sin = _cos_sin_table(phase)  # [..., T, P'] each, float32
     if inverse:
         sin = -sin
-    pairs = head_dim // 2
+    rotated = 2 * phase.shape[-1]  # D = 2P': a partial rotation leaves x[..., D:] as it is
+    if rotated == head_dim:
+        return _turn(x, cos, sin, spec.layout)
+    return jnp.concatenate([_turn(x[..., :rotated], cos, sin, spec.layout), x[..., rotated:]], -1)
+
+
+def _turn(x, cos, sin, layout: str) -> jax.Array:
+    """Turns every pair of x [..., T, N, D] by the angles of cos, sin [..., T, D/2]."""
+    pairs = x.shape[-1] // 2
     xf = x.astype(jnp.float32)
     # Both layouts as y = x * cos + swap(x) * (+-sin), with the two members of a pair on
     # an axis of size 2, so the swap is a reversal of that axis (a strided read, no
     # concatenate: XLA emits it as one vectorised elementwise pass).
-    if spec.layout == "half":
+    if layout == "half":
         xp = xf.reshape(*x.shape[:-1], 2, pairs)  # [..., T, N, 2, P]: (u, v)
         c = cos[..., None, None, :]  # [..., T, 1, 1, P]
         s = sin[..., None, None, :] * _SIGN[:, None]  # [..., T, 1, 2, P]: (-sin, sin)
@@ -308,29 +457,36 @@ def _cos_sin_table(phase):
 # ------------------------------------------- matrix form (tests, analysis, small H)
 
 
-def _pair_indices(head_dim: int, layout: str) -> tuple[np.ndarray, np.ndarray]:
-    """Indices (u_i, v_i) of the two coordinates of pair i in a head vector."""
-    pairs = head_dim // 2
+def _pair_indices(rotated: int, layout: str) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (u_i, v_i) of the two coordinates of pair i among the first `rotated` = 2P'
+    numbers of a head vector (the whole head unless the rotation is partial)."""
+    pairs = rotated // 2
     if layout == "half":
         return np.arange(pairs), np.arange(pairs) + pairs
     return 2 * np.arange(pairs), 2 * np.arange(pairs) + 1
 
 
 def generators(
-    head_dim: int, rope: RopeSpec | None = None, *, num_axes: int = 1, **settings
+    head_dim: int,
+    rope: RopeSpec | None = None,
+    *,
+    num_axes: int = 1,
+    seq_len: int | None = None,
+    **settings,
 ) -> np.ndarray:
     """Skew-symmetric generators B_a with R_p = expm(sum_a p[a] B_a).
 
     B_a holds theta_i in the pairs driven by axis a (block [[0, -theta], [theta, 0]]);
-    the B_a are block diagonal on the same blocks, so they commute.
+    the B_a are block diagonal on the same blocks, so they commute. Numbers a partial
+    rotation leaves alone have zero rows and columns.
 
     Returns:
       float64 [A, H, H].
     """
     spec = RopeSpec.of(rope, **settings)
-    freqs, axes = pair_table(head_dim, spec, num_axes=num_axes)
+    freqs, axes = pair_table(head_dim, spec, num_axes=num_axes, seq_len=seq_len)
     freqs = freqs.astype(np.float64)
-    u, v = _pair_indices(head_dim, spec.layout)
+    u, v = _pair_indices(2 * freqs.size, spec.layout)
     gens = np.zeros((num_axes, head_dim, head_dim))
     gens[axes, v, u] = freqs
     gens[axes, u, v] = -freqs
@@ -338,27 +494,35 @@ def generators(
 
 
 def rotation_matrix(
-    position, rope: RopeSpec | None = None, *, head_dim: int, **settings
-) -> jax.Array:
+    position, rope: RopeSpec | None = None, *, head_dim: int, seq_len: int | None = None,
+    **settings,
+) -> jax.Array:  # fmt: skip
     """The explicit rotation R_p, so that rotate(x, p)[..., :] == R_p @ x.
 
     Args:
       position: [..., A].
 
     Returns:
-      float32 [..., H, H].
+      float32 [..., H, H] (the identity on the numbers a partial rotation leaves alone).
     """
     spec = RopeSpec.of(rope, **settings)
-    phase = angles(position, spec, head_dim=head_dim)  # [..., P]
+    phase = angles(position, spec, head_dim=head_dim, seq_len=seq_len)  # [..., P']
     cos, sin = jnp.cos(phase), jnp.sin(phase)
-    u, v = _pair_indices(head_dim, spec.layout)
-    mat = jnp.zeros((*phase.shape[:-1], head_dim, head_dim), jnp.float32)
+    u, v = _pair_indices(2 * phase.shape[-1], spec.layout)
+    eye = jnp.eye(head_dim, dtype=jnp.float32)
+    mat = jnp.broadcast_to(eye, (*phase.shape[:-1], head_dim, head_dim))
     mat = mat.at[..., u, u].set(cos).at[..., v, v].set(cos)
     return mat.at[..., v, u].set(sin).at[..., u, v].set(-sin)
 
 
 def recover_positions(
-    phase, rope: RopeSpec | None = None, *, head_dim: int, num_axes: int = 1, **settings
+    phase,
+    rope: RopeSpec | None = None,
+    *,
+    head_dim: int,
+    num_axes: int = 1,
+    seq_len: int | None = None,
+    **settings,
 ) -> jax.Array:
     """Inverts the encoding: positions from (possibly wrapped) pair angles.
 
@@ -366,17 +530,17 @@ def recover_positions(
     wrapped angle atan2(sin, cos) equals p[a] * theta_max, so p[a] is recovered exactly.
 
     Args:
-      phase: [..., P] pair angles, e.g. atan2 of the entries of R_p.
+      phase: [..., P'] pair angles, e.g. atan2 of the entries of R_p.
 
     Returns:
       float32 [..., A].
     """
-    freqs, axes = pair_table(head_dim, rope, num_axes=num_axes, **settings)
+    freqs, axes = pair_table(head_dim, rope, num_axes=num_axes, seq_len=seq_len, **settings)
     fastest = []
     for a in range(num_axes):
-        idx = np.flatnonzero(axes == a)
+        idx = np.flatnonzero((axes == a) & (freqs > 0))
         if idx.size == 0:
-            raise ValueError(f"axis {a} drives no pair: its position cannot be recovered")
+            raise ValueError(f"axis {a} drives no turning pair: its position cannot be recovered")
         fastest.append(idx[np.argmax(freqs[idx])])
     fastest = np.asarray(fastest)
     phase = jnp.asarray(phase, jnp.float32)[..., fastest]

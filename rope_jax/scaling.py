@@ -132,13 +132,20 @@ def _rotary_dim(params: dict, head_dim: int) -> int:
     return dim
 
 
-def check_scaling(scaling: Mapping | None, *, head_dim: int, max_position_embeddings=None) -> dict:
+def check_scaling(
+    scaling: Mapping | None, *, head_dim: int | None, max_position_embeddings=None
+) -> dict:
     """Validates a scaling dict and returns a new one with rope_type and defaults filled.
 
     `max_position_embeddings`, when known, fills the default `original_max_position_embeddings`
-    of yarn / longrope / llama3. Raises ValueError (one line naming the key) on bad input.
+    of yarn / longrope / llama3. `head_dim=None` skips the checks that need the head (D and the
+    lengths of short_factor / long_factor), for a spec made before its head is known. Raises
+    ValueError (one line naming the key) on bad input.
     """
-    _check_arg("head_dim", head_dim, lambda v: _pos_int(v) and v % 2 == 0, "a positive even int")
+    _check_arg(
+        "head_dim", head_dim, lambda v: _pos_int(v) and v % 2 == 0, "a positive even int",
+        optional=True,
+    )  # fmt: skip
     max_pos = max_position_embeddings
     _check_arg("max_position_embeddings", max_pos, _pos_int, "a positive integer", optional=True)
     if scaling is not None and not isinstance(scaling, Mapping):
@@ -171,10 +178,10 @@ def check_scaling(scaling: Mapping | None, *, head_dim: int, max_position_embedd
     params = {"partial_rotary_factor": 1.0, **_DEFAULTS.get(rope_type, {}), **params}
     if "original_max_position_embeddings" in allowed and max_pos is not None:
         params.setdefault("original_max_position_embeddings", max_pos)
-    dim = _rotary_dim(params, head_dim)
+    dim = None if head_dim is None else _rotary_dim(params, head_dim)
     for key in ("short_factor", "long_factor"):
         if key in params:
-            if len(params[key]) != dim // 2:
+            if dim is not None and len(params[key]) != dim // 2:
                 raise _bad(key, params[key], rope_type, f"a list of length P'={dim // 2}")
             params[key] = [float(x) for x in params[key]]
     if rope_type == "yarn" and params["beta_fast"] < params["beta_slow"]:
@@ -307,6 +314,7 @@ def scaled_frequencies(
     [P'] ([P] for proportional) and the attention factor that multiplies both cos and sin.
     """
     max_pos = max_position_embeddings
+    _check_arg("head_dim", head_dim, lambda v: _pos_int(v) and v % 2 == 0, "a positive even int")
     params = check_scaling(scaling, head_dim=head_dim, max_position_embeddings=max_pos)
     _check_arg("base", base, lambda v: _real(v) and v > 1, "a number > 1")
     _check_arg("seq_len", seq_len, _pos_int, "a positive integer", optional=True)

@@ -74,6 +74,10 @@ def test_set_values_take_the_field_type_and_reach_train_py_intact():
     assert plan.parse_value("", (1,)) == () and plan.parse_value("64", ()) == (64,)
     with pytest.raises(ValueError):
         plan.parse_value("two", 1)
+    # Unset optional fields (placeholders) parse as their declared type; "none" unsets.
+    assert plan.parse_value("4", None, float) == 4.0 and plan.parse_value("none", None, int) is None
+    types = plan.field_types(common.base_config("tiny"))
+    assert types["model.rope.scaling.factor"] is float and types["model.num_layers"] is int
     # What train.py's config_flags parses back from the flag text:
     for value in [(), (64,), (64, 128), (("batch", "data"),)]:
         assert tuple_parser.TupleParser().parse(plan.flag_value(value)) == value

@@ -37,8 +37,13 @@ def format_command(argv) -> str:
     return shlex.join(["python", "-m", "rope_jax.experiments.sweep", *argv])
 
 
-def parse_value(text: str, like):
-    """Parses `text` as the type of the existing field value `like`."""
+def parse_value(text: str, like, kind: type | None = None):
+    """Parses `text` as the type of the existing field value `like`, or, for an unset
+    optional field (a placeholder, `like` None), as its declared type `kind`."""
+    if like is None and kind in (bool, int, float, tuple, str):
+        if text.strip().lower() in ("none", ""):
+            return None
+        like = kind()
     if isinstance(like, bool):
         if text.lower() not in ("true", "false", "1", "0"):
             raise ValueError(f"{text!r} is not true or false")
@@ -69,6 +74,16 @@ def split_sets(items) -> list[tuple[str, str]]:
         if not sep or not key.strip():
             raise SweepError(f"--set {part!r} is not key=value (e.g. train.num_steps=200)")
         out.append((key.strip(), text))
+    return out
+
+
+def field_types(config, prefix="") -> dict:
+    """Dotted path -> declared type of every leaf field (placeholders included)."""
+    out = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        out.update(field_types(value, name + ".") if hasattr(value, "items")
+                   else {name: config.get_type(key)})  # fmt: skip
     return out
 
 
@@ -137,10 +152,10 @@ def plan(args) -> tuple[list[Job], dict]:
             raise SweepError(f"--rows: unknown row(s) {', '.join(unknown)}; "
                              f"known rows: {', '.join(rows)}")  # fmt: skip
         rows = {r: rows[r] for r in wanted}
-    sets, fields = {}, leaves(base)
+    sets, fields, types = {}, leaves(base), field_types(base)
     for key, text in split_sets(args.set):
         try:  # an unknown key stays text here; apply() below names it
-            sets[key] = parse_value(text, fields.get(key))
+            sets[key] = parse_value(text, fields.get(key), types.get(key))
         except ValueError as e:
             raise SweepError(f"--set {key}={text}: {e}") from None
     if "seed" in sets:

@@ -18,7 +18,7 @@ from rope_jax.nn import model
 def check_config(config: ml_collections.ConfigDict) -> None:
     """Every check that can fail before anything compiles; one ValueError line each."""
     kind = data.kind(config.data)
-    model.check_config(config.model, kind.num_axes)
+    model.check_config(config.model, kind.num_axes, train_seq_len=config.data.seq_len)
     data.check_scheme(config.data)
     kind.check(config.model, config.eval.get("splits", ()))
     if config.model.vocab_size < data.VOCAB_SIZE:

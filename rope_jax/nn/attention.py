@@ -8,6 +8,13 @@ With positions p_i (queries) and p_j (keys) (docs/maths.md#rotation-sites-vo-rop
 `sites` is a string subset of "qkvo" ("" = NoPE). Every rotation goes through
 `rotary.rotate`; this module only decides where it is applied.
 
+Context scaling (docs/maths.md#context-scaling): the rule's frequencies come with the
+spec; its attention factor m (`rotary.attention_factor`, yarn / longrope) multiplies the
+logits once per rotated q or k site (m^2 for qk, as HF's cos * m, sin * m on q and k)
+and never touches values or outputs, so sites "vo" ignore it. The current length that
+`dynamic` and `longrope` read is S, the number of key slots: T in a forward pass, the
+cache size when decoding (so cached keys and new queries share one ladder).
+
 Tied key/value (`kv="tied"`, MLA-style cache): one latent c_j per token and kv head is
 rotated once, c_j -> R_j c_j, and serves as both key and value; the output is rotated
 back with R_i^T, so o_i = sum_j a_ij R_{j-i} c_j with a_ij from <R_i q_i, R_j c_j>
@@ -86,6 +93,8 @@ def attend(
     impl: str = "xla",
     q_offset=None,
     segments=None,
+    cached: bool = False,
+    seq_len: int | None = None,
 ) -> jax.Array:
     """Softmax attention with rotation at `sites`.
 
@@ -108,6 +117,10 @@ def attend(
       q_offset: with `causal`, the position of query 0 among the keys (int or traced).
       segments: optional (q_segments [B, T], kv_segments [B, S]) int document ids of
         packed sequences: a query attends only keys of its own document.
+      cached: k and v come from a decoding cache, already rotated at their sites: only
+        q and o are rotated here (k_positions unused); the attention factor still
+        counts the k site.
+      seq_len: the static length the dynamic / longrope rules read; default S.
 
     Returns:
       [B, T, N, H] in q's dtype. Scores and softmax are float32.
@@ -115,14 +128,16 @@ def attend(
     check_sites(sites)
     _check_shapes(q, k, v)
     spec = RopeSpec.of(rope)
-    rot = lambda x, p, inverse=False: rotary.rotate(x, p, spec, inverse=inverse)
+    seq_len = k.shape[1] if seq_len is None else seq_len
+    rot = lambda x, p, inverse=False: rotary.rotate(x, p, spec, inverse=inverse, seq_len=seq_len)
     if "q" in sites:
         q = rot(q, q_positions)
-    if "k" in sites:
+    if "k" in sites and not cached:
         k = rot(k, k_positions)
-    if "v" in sites:
+    if "v" in sites and not cached:
         v = rot(v, k_positions)  # values rotate with their key's position
 
+    scale = logit_scale(spec, sites, head_dim=q.shape[-1], seq_len=seq_len, scale=scale)
     o = _mix(q, k, v, mask, causal, scale, impl, q_offset, segments)  # float32
     if "o" in sites:
         o = rot(o, q_positions, inverse=True)  # o_i -> R_i^T o_i at the query position
@@ -142,6 +157,7 @@ def attend_tied(
     impl: str = "xla",
     q_offset=None,
     segments=None,
+    seq_len: int | None = None,
 ) -> jax.Array:
     """Attention with one latent per key serving as key and value (sites "qkvo" implied).
 
@@ -152,18 +168,35 @@ def attend_tied(
     Args:
       q: [B, T, N, H] queries.
       c: [B, S, K, H] key/value latents; N % K == 0.
-      q_positions, k_positions, rope, mask, causal, scale, impl, q_offset, segments:
-        as in `attend`.
+      q_positions, k_positions, rope, mask, causal, scale, impl, q_offset, segments,
+        seq_len: as in `attend`.
 
     Returns:
       [B, T, N, H] in q's dtype.
     """
     _check_shapes(q, c, c)
     spec = RopeSpec.of(rope)
-    q = rotary.rotate(q, q_positions, spec)
-    c = rotary.rotate(c, k_positions, spec)  # once: the key and the value
+    seq_len = c.shape[1] if seq_len is None else seq_len
+    q = rotary.rotate(q, q_positions, spec, seq_len=seq_len)
+    c = rotary.rotate(c, k_positions, spec, seq_len=seq_len)  # once: the key and the value
+    scale = logit_scale(spec, TIED_SITES, head_dim=q.shape[-1], seq_len=seq_len, scale=scale)
     o = _mix(q, c, c, mask, causal, scale, impl, q_offset, segments)
-    return rotary.rotate(o, q_positions, spec, inverse=True).astype(q.dtype)
+    return rotary.rotate(o, q_positions, spec, inverse=True, seq_len=seq_len).astype(q.dtype)
+
+
+def logit_scale(
+    rope: RopeSpec | Any, sites: str, *, head_dim: int, seq_len: int, scale: float | None = None
+) -> float | None:
+    """The logit scale with the scaling rule's attention factor m applied once per
+    rotated q or k site: scale * m^n, n = number of "q", "k" in sites (scale None =
+    1 / sqrt(H)). Without a factor (m = 1, or no q/k site) `scale` is returned as given.
+    """
+    spec = RopeSpec.of(rope)
+    factor = rotary.attention_factor(head_dim, spec, seq_len=seq_len)
+    times = sum(site in sites for site in "qk")
+    if factor == 1.0 or not times:
+        return scale
+    return (head_dim**-0.5 if scale is None else scale) * factor**times
 
 
 def _mix(q, k, v, mask, causal, scale, impl, q_offset, segments) -> jax.Array:
@@ -192,7 +225,8 @@ class Attention(nnx.Module):
     Parameters (logical axes): q [D, N, H] (embed, heads, head_dim), k and v [D, K, H]
     (embed, kv_heads, head_dim), o [N, H, D] (heads, head_dim, embed). With kv="tied" a
     single kv [D, K, H] (embed, kv_heads, head_dim) replaces k and v, and sites must be
-    "qkvo".
+    "qkvo". `nope=True` makes a position-free layer (`model.rope.nope_every`): nothing is
+    rotated, whatever `sites` says (they are still checked, e.g. against kv="tied").
     """
 
     def __init__(
@@ -206,6 +240,7 @@ class Attention(nnx.Module):
         rope: RopeSpec | Any = None,
         kv: str = "separate",
         impl: str = "xla",
+        nope: bool = False,
         dtype=jnp.float32,
         param_dtype=jnp.float32,
         out_scale: float = 1.0,
@@ -215,8 +250,8 @@ class Attention(nnx.Module):
             raise ValueError(
                 f"num_heads={num_heads} is not divisible by num_kv_heads={num_kv_heads}"
             )
-        self.sites = check_sites(sites)
-        check_kv(kv, sites)
+        check_kv(kv, check_sites(sites))
+        self.sites = "" if nope else sites  # the sites this layer rotates
         self.rope = RopeSpec.of(rope)
         self.kv, self.impl = kv, kernels.check_impl(impl)
         self.dtype = dtype
@@ -261,9 +296,9 @@ class Attention(nnx.Module):
         pairs = None if segments is None else (segments, segments)
         kw = dict(q_positions=positions, k_positions=positions, rope=self.rope, mask=mask,
                   impl=self.impl, segments=pairs)  # fmt: skip
-        if self.kv == "tied":
+        if self.kv == "tied" and self.sites:
             o = attend_tied(q, k, causal=causal, **kw)
-        else:
+        else:  # separate, or a tied NoPE layer (k = v = the latent, unrotated)
             o = attend(q, k, v, sites=self.sites, causal=causal, **kw)
         return jnp.einsum("BTNH,NHD->BTD", o, self.o_proj[...].astype(self.dtype))
 
@@ -294,12 +329,13 @@ class Attention(nnx.Module):
         """
         x = x.astype(self.dtype)
         q, k, v = self._project(x)
-        rot = lambda y: rotary.rotate(y, positions, self.rope)
+        slots = next(iter(cache.values())).shape[1]  # S: the length dynamic / longrope read
+        rot = lambda y: rotary.rotate(y, positions, self.rope, seq_len=slots)
         at = (0, index, 0, 0)
         if self.kv == "tied":
-            cache = {"c": jax.lax.dynamic_update_slice(cache["c"], rot(k), at)}
+            c = rot(k) if self.sites else k  # rotated once (unless a NoPE layer)
+            cache = {"c": jax.lax.dynamic_update_slice(cache["c"], c, at)}
             keys = values = cache["c"]
-            sites = "qo"
         else:
             k = rot(k) if "k" in self.sites else k
             v = rot(v) if "v" in self.sites else v
@@ -308,17 +344,18 @@ class Attention(nnx.Module):
                 "v": jax.lax.dynamic_update_slice(cache["v"], v, at),
             }
             keys, values = cache["k"], cache["v"]
-            sites = "".join(site for site in self.sites if site in "qo")  # k, v: in the cache
         o = attend(
             q,
             keys,
             values,
             q_positions=positions,
             k_positions=None,  # keys and values are already rotated
-            sites=sites,
+            sites=self.sites,
             rope=self.rope,
             causal=True,
             q_offset=index,  # new token t sees the filled slots and itself
             impl=self.impl,
+            cached=True,
+            seq_len=slots,
         )
         return jnp.einsum("BTNH,NHD->BTD", o, self.o_proj[...].astype(self.dtype)), cache

@@ -6,9 +6,18 @@
 
 `cfg` is `config.model`; `check_config` validates it before anything is built or
 compiled. The number of position axes A is not a model field: the data decides it
-(1 for text, 2 for images, 3 for videos) and passes it as `num_axes`. Parameters are
-stored in `param_dtype` and cast to the compute `dtype` at use; norms, softmax and
-logits are float32.
+(1 for text, 2 for images, 3 for videos) and passes it as `num_axes`. Likewise the
+training length `train_seq_len` (the data's `seq_len`) is the default of
+`model.rope.max_position_embeddings`, the length context-scaling rules scale from.
+Parameters are stored in `param_dtype` and cast to the compute `dtype` at use; norms,
+softmax and logits are float32.
+
+Rotation per layer (`layer_rotations`, docs/maths.md#context-scaling): every layer uses
+the spec of `cfg.rope` (base, ladder, layout, allocation, sections, scaling,
+max_position_embeddings), except that with `rope.nope_every = k > 0` layers k-1, 2k-1,
+... rotate nothing (Llama-4 style NoPE layers), and with `rope.global_every = g > 0`
+only layers g-1, 2g-1, ... are global: the others use `rope.local_base` and no context
+rule (only its partial rotary factor), as Gemma's local layers do.
 
 Shape legend: B batch, T positions, D embed dim, V vocab, A position axes, E patch
 vector width.
@@ -16,7 +25,9 @@ vector width.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from typing import Any
 
 import jax
@@ -44,11 +55,12 @@ def _choice(field: str, value: Any, allowed) -> None:
         _fail(field, value, f"must be one of {', '.join(map(repr, allowed))}")
 
 
-def check_config(cfg, num_axes: int = 1) -> None:
+def check_config(cfg, num_axes: int = 1, *, train_seq_len: int | None = None) -> None:
     """Raises ValueError naming the field, its value and what is allowed.
 
     `num_axes` is the data's number of position axes (the rotation sections need one
-    entry per axis).
+    entry per axis); `train_seq_len` the training length (the default of
+    `model.rope.max_position_embeddings`).
     """
     for field in (*_SIZES, "mlp_dim"):
         value = cfg[field]
@@ -73,21 +85,94 @@ def check_config(cfg, num_axes: int = 1) -> None:
     check_kv(
         kv_mode(cfg), cfg.rope.sites, kv_field="model.attention.kv", sites_field="model.rope.sites"
     )
-    rotation(cfg, num_axes)
+    layer_rotations(cfg, num_axes, train_seq_len=train_seq_len)
 
 
-def rotation(cfg, num_axes: int = 1) -> rotary.RopeSpec:
-    """The model's `rotary.RopeSpec` from `cfg.rope`, checked against H and A once.
+def rotation(cfg, num_axes: int = 1, *, train_seq_len: int | None = None) -> rotary.RopeSpec:
+    """The model's (global layers') `rotary.RopeSpec` from `cfg.rope`, checked against H
+    and A once.
 
-    Errors name the config field (`model.rope.<field>`).
+    `model.rope.max_position_embeddings` None (or absent) = `train_seq_len`. Errors name
+    the config field (`model.rope.<field>`, `model.rope.scaling.<key>`).
     """
     _check_num_axes(num_axes)
+    max_pos = cfg.rope.get("max_position_embeddings")
+    _check_length("model.rope.max_position_embeddings", max_pos, " (None = the training length)")
+    _check_length("train_seq_len", train_seq_len, " (the training data.seq_len)")
+    max_pos = max_pos or train_seq_len
     try:
-        spec = rotary.RopeSpec.of(cfg.rope)
-        rotary.pair_table(cfg.head_dim, spec, num_axes=num_axes)
+        spec = rotary.RopeSpec.of(cfg.rope, max_position_embeddings=max_pos)
+        _check_spec(spec, cfg.head_dim, num_axes)
     except ValueError as e:
-        raise ValueError(f"model.rope.{e}") from None
+        raise ValueError("model.rope." + _SCALING_KEY.sub(r"scaling.\1", str(e))) from None
     return spec
+
+
+_SCALING_KEY = re.compile(r"scaling\['(\w+)'\]")  # scaling['factor'] -> scaling.factor
+
+
+def _check_spec(spec: rotary.RopeSpec, head_dim: int, num_axes: int) -> None:
+    """Builds the frequency table (and attention factor) once, at a length that every
+    rule accepts: the errors of a bad spec come now, not at the first call."""
+    seq_len = spec.max_position_embeddings or 1  # read only by dynamic / longrope
+    rotary.pair_table(head_dim, spec, num_axes=num_axes, seq_len=seq_len)
+    rotary.attention_factor(head_dim, spec, seq_len=seq_len)
+
+
+def layer_rotations(
+    cfg, num_axes: int = 1, *, train_seq_len: int | None = None
+) -> tuple[rotary.RopeSpec | None, ...]:
+    """Each layer's rotation, checked once: None for a NoPE layer (`rope.nope_every`),
+    the local spec for a layer that is not global (`rope.local_base`, `rope.global_every`),
+    else `rotation(cfg)`. Errors name the field.
+    """
+    rope = cfg.rope
+    nope_every, global_every = rope.get("nope_every", 0), rope.get("global_every", 0)
+    local_base = rope.get("local_base")
+    _check_every("rope.nope_every", nope_every, "layers k-1, 2k-1, ... rotate nothing")
+    _check_every("rope.global_every", global_every, "layers g-1, 2g-1, ... use model.rope.base")
+    if local_base is not None and (
+        isinstance(local_base, bool) or not isinstance(local_base, (int, float))
+        or not local_base > 1
+    ):  # fmt: skip
+        _fail("rope.local_base", local_base, "must be a number > 1 (None = one base)")
+    if global_every and local_base is None:
+        _fail("rope.global_every", global_every, "needs model.rope.local_base (the other layers)")
+    if local_base is not None and not global_every:
+        _fail("rope.local_base", local_base, "needs model.rope.global_every > 0 (global layers)")
+    spec = rotation(cfg, num_axes, train_seq_len=train_seq_len)
+    local = None if local_base is None else _local(spec, local_base, cfg.head_dim, num_axes)
+    every = lambda k, layer: k > 0 and (layer + 1) % k == 0
+    return tuple(
+        None if every(nope_every, layer)
+        else local if local is not None and not every(global_every, layer)
+        else spec
+        for layer in range(cfg.num_layers)
+    )  # fmt: skip
+
+
+def _local(spec: rotary.RopeSpec, base: float, head_dim: int, num_axes: int) -> rotary.RopeSpec:
+    """A local layer's spec: `base`, the same pairs, no context rule (only the rotated
+    dims of partial_rotary_factor are kept, so every layer rotates the same numbers)."""
+    params = dict(spec.scaling or ())
+    rope_type = "proportional" if spec.rope_type == "proportional" else "default"
+    partial = {
+        "rope_type": rope_type,
+        "partial_rotary_factor": params.get("partial_rotary_factor", 1.0),
+    }
+    local = dataclasses.replace(spec, base=float(base), scaling=partial)
+    _check_spec(local, head_dim, num_axes)
+    return local
+
+
+def _check_every(field: str, value: Any, meaning: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        _fail(field, value, f"must be a non-negative integer (0 = off; k > 0: {meaning})")
+
+
+def _check_length(name: str, value: Any, hint: str = "") -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name}={value!r} is invalid: must be a positive integer or None{hint}")
 
 
 def _check_num_axes(num_axes) -> None:
@@ -120,7 +205,8 @@ def kv_cache_bytes_per_token(cfg) -> int:
 class Block(nnx.Module):
     """Pre-norm decoder block: x = x + attn(norm(x)); x = x + mlp(norm(x))."""
 
-    def __init__(self, cfg, rope: rotary.RopeSpec, *, rngs: nnx.Rngs):
+    def __init__(self, cfg, rope: rotary.RopeSpec | None, *, rngs: nnx.Rngs):
+        """`rope` None: a NoPE layer (nothing rotated, whatever `cfg.rope.sites` says)."""
         dtype, param_dtype = DTYPES[cfg.dtype], DTYPES[cfg.param_dtype]
         out_scale = 1.0 / math.sqrt(2 * cfg.num_layers)  # residual branches (GPT-2 style)
         norm = dict(dtype=dtype, param_dtype=param_dtype)
@@ -132,6 +218,7 @@ class Block(nnx.Module):
             cfg.head_dim,
             sites=cfg.rope.sites,
             rope=rope,
+            nope=rope is None,
             kv=kv_mode(cfg),
             impl=attention_impl(cfg),
             dtype=dtype,
@@ -165,12 +252,13 @@ class Block(nnx.Module):
 class Decoder(nnx.Module):
     """Token (and patch) embedding, `num_layers` blocks, final norm, untied head.
 
-    `num_axes` is A, the number of position axes of the data (1 text, 2 image, 3 video).
+    `num_axes` is A, the number of position axes of the data (1 text, 2 image, 3 video);
+    `train_seq_len` the training length, the default of `model.rope.max_position_embeddings`.
     """
 
-    def __init__(self, cfg, *, num_axes: int = 1, rngs: nnx.Rngs):
-        check_config(cfg, num_axes)
-        rope = rotation(cfg, num_axes)  # validated once, shared by every layer
+    def __init__(self, cfg, *, num_axes: int = 1, train_seq_len: int | None = None, rngs: nnx.Rngs):
+        check_config(cfg, num_axes, train_seq_len=train_seq_len)
+        ropes = layer_rotations(cfg, num_axes, train_seq_len=train_seq_len)  # checked once
         self.num_axes = num_axes
         self.remat = cfg.get("remat", "none")
         self.patch_dim = cfg.get("patch_dim", 0) or 0
@@ -193,7 +281,7 @@ class Decoder(nnx.Module):
             if self.patch_dim
             else None
         )
-        self.blocks = nnx.List([Block(cfg, rope, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.blocks = nnx.List([Block(cfg, rope, rngs=rngs) for rope in ropes])
         self.norm = RMSNorm(d, dtype=self.dtype, param_dtype=param_dtype)
         self.head = dense_param(rngs, (d, v), ("embed", "vocab"), dtype=param_dtype, fan_in=d)
 
