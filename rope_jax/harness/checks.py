@@ -31,6 +31,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     _non_negative(config, "train.eval_every_steps", "train.ckpt_every_steps",
                   "eval.num_batches", "optim.warmup_steps", "optim.weight_decay",
                   "optim.grad_clip_norm")  # fmt: skip
+    microbatches = config.train.get("microbatches", 1)
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+        raise ValueError(f"train.microbatches={microbatches!r} must be a positive integer")
+    _non_negative(config, "optim.z_loss", "train.num_tokens")
     if not config.optim.lr > 0:
         raise ValueError(f"optim.lr={config.optim.lr!r} must be > 0")
     _choice("optim.name", config.optim.name, optim.OPTIMIZERS)
@@ -49,6 +53,14 @@ def check_batch_fits_mesh(config, mesh) -> None:
                 f"{field}={_get(config, field)} is not divisible by the data-parallel size "
                 f"{data_parallel} (mesh {dict(mesh.shape)})"
             )
+    microbatches = config.train.get("microbatches", 1)
+    per_device = config.data.global_batch_size // data_parallel
+    if per_device % microbatches:
+        raise ValueError(
+            f"train.microbatches={microbatches} does not divide the per-device batch "
+            f"{per_device} (data.global_batch_size={config.data.global_batch_size} over "
+            f"{data_parallel} data-parallel devices)"
+        )
 
 
 def _get(config, dotted):

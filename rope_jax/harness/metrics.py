@@ -24,10 +24,29 @@ def token_losses(logits, targets, weights):
     Returns:
       (sum of weighted losses, sum of weights), float32 scalars.
     """
+    sums = loss_sums(logits, targets, weights)
+    return sums["loss_sum"], sums["weight_sum"]
+
+
+def loss_sums(logits, targets, weights) -> dict:
+    """The sums a training objective is built from, all over weighted tokens.
+
+    Args:
+      logits: [B, T, V] (any float dtype; reduced in float32).
+      targets: [B, T] int.
+      weights: [B, T] float, 0 for padding.
+
+    Returns:
+      {"loss_sum": sum w (logz - logit_gold) (cross-entropy), "z_sum": sum w logz^2
+      (PaLM's z-loss before its weight), "weight_sum": sum w}, float32 scalars, where
+      logz = logsumexp over V. Sums, not means, so that microbatches add up exactly.
+    """
     logits = logits.astype(jnp.float32)
     logz = jax.nn.logsumexp(logits, axis=-1)
     gold = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    return jnp.sum((logz - gold) * weights), jnp.sum(weights)
+    return {"loss_sum": jnp.sum((logz - gold) * weights),
+            "z_sum": jnp.sum(jnp.square(logz) * weights),
+            "weight_sum": jnp.sum(weights)}  # fmt: skip
 
 
 def eval_sums(logits, targets, weights, task=None, *, num_tasks: int = 0) -> dict:

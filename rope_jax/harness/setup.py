@@ -50,7 +50,12 @@ def build(config) -> Setup:
     )
     batch_sharding = sharding.batch_sharding(mesh, rules)
     train_step = jax.jit(
-        steps.make_train_step(graphdef, tx),
+        steps.make_train_step(
+            graphdef,
+            tx,
+            microbatches=config.train.get("microbatches", 1),
+            z_loss=config.optim.get("z_loss", 0.0),
+        ),
         in_shardings=(shardings, batch_sharding),
         out_shardings=(shardings, None),
         donate_argnums=0,
@@ -82,7 +87,10 @@ def evaluate(run: Setup, params, config, *, split: str, seq_len: int | None = No
 
 
 def dry_run(config) -> dict:
-    """Parameter count and per-device bytes (eval_shape + XLA memory analysis); no arrays."""
+    """Parameter count, per-device bytes (eval_shape + XLA memory analysis) and the model
+    FLOPs of the run (`harness.cost`: per token, and for the token budget); no arrays."""
+    from rope_jax.harness import cost  # here: `python -m rope_jax.harness.cost` runs it as main
+
     run = build(config)
     extra = data.kind(config.data).batch_fields()
     batch = feed.abstract_batch(
@@ -97,6 +105,8 @@ def dry_run(config) -> dict:
         "params_bytes_per_device": bytes_per_device(run.abstract["params"]),
         "opt_bytes_per_device": bytes_per_device(run.abstract["opt"]),
         "temp_bytes_per_device": int(getattr(analysis, "temp_size_in_bytes", 0) or 0),
+        "flops_per_token": cost.flops_per_token(config),
+        "total_flops": cost.total_flops(config),
     }
 
 

@@ -1,0 +1,137 @@
+"""The cost plan (harness.cost): FLOPs against hand counts, wall-time arithmetic, the CLI."""
+
+import math
+import os
+import shlex
+
+import jax
+import pytest
+from flax import nnx
+
+from configs import lm
+from rope_jax.harness import cost
+from rope_jax.nn import model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_tiny_flops_match_a_hand_count():
+    config = lm.get_config("size=tiny")  # L 2, D 128, N 4, K 2, H 32, F 384, V 259, T 128
+    # per layer: q 128*4*32 = 16,384, o 16,384, k + v 2*128*2*32 = 16,384,
+    # SwiGLU 3*128*384 = 147,456 -> 196,608; 2 layers 393,216; head 128*259 = 33,152.
+    assert cost.matmul_params(config.model) == 393_216 + 33_152 == 426_368
+    # + embedding 259*128 = 33,152 + norm scales (2*2 + 1)*128 = 640
+    assert cost.num_params(config.model) == 426_368 + 33_152 + 640 == 460_160
+    # 6 * 426,368 + 12 * 2 * 128 * 4 * 32
+    assert cost.flops_per_token(config) == 2_558_208 + 393_216 == 2_951_424
+    assert cost.remat_flops_per_token(config) == 0  # remat=none
+    assert cost.token_budget(config) == 500 * 16 * 128  # num_steps x B x T
+    assert cost.total_flops(config) == 2_951_424 * 1_024_000
+
+
+def test_1b_flops_match_a_hand_count():
+    config = lm.get_config("size=1b")  # L 16, D 2048, N 32, K 8, H 64, F 8192, T 2048
+    # per layer: q 2048*32*64 = 4,194,304, o 4,194,304, k + v 2*2048*8*64 = 2,097,152,
+    # SwiGLU 3*2048*8192 = 50,331,648 -> 60,817,408; 16 layers 973,078,528;
+    # head 2048*259 = 530,432.
+    assert cost.block_matmul_params(config.model) == 973_078_528
+    assert cost.matmul_params(config.model) == 973_608_960
+    assert cost.num_params(config.model) == 974_206_976  # the README's dry-run count
+    attention = 12 * 16 * 2048 * 32 * 64
+    assert attention == 805_306_368
+    assert cost.flops_per_token(config) == 6 * 973_608_960 + attention == 6_646_960_128
+    # remat=block recomputes the blocks' forward: 2 * 973,078,528 + 4 * 16 * 2048 * 2048
+    assert cost.remat_flops_per_token(config) == 1_946_157_056 + 268_435_456
+    ratio = 1 + cost.remat_flops_per_token(config) / cost.flops_per_token(config)
+    assert ratio == pytest.approx(1.333, abs=1e-3)
+
+
+def test_num_tokens_overrides_steps_times_batch_times_seq_len():
+    config = lm.get_config("size=1b")
+    assert cost.token_budget(config) == 500 * 256 * 2048
+    config.train.num_tokens = 20_000_000_000
+    assert cost.token_budget(config) == 20_000_000_000
+    assert cost.total_flops(config) == 6_646_960_128 * 20_000_000_000
+    assert cost.steps_for_budget(config) == math.ceil(20e9 / (256 * 2048)) == 38_147
+
+
+TIED = {"model.attention.kv": "tied", "model.rope.sites": "qkvo"}
+
+
+@pytest.mark.parametrize("overrides", [{}, TIED, {"model.patch_dim": 64}])
+def test_matmul_params_are_the_models_matrices_but_the_embedding(overrides):
+    config = lm.get_config("size=tiny")
+    config.update_from_flattened_dict(overrides)
+    net = nnx.eval_shape(lambda: model.Decoder(config.model, rngs=nnx.Rngs(0)))
+    params = nnx.to_flat_state(nnx.state(net, nnx.Param))
+    shapes = {path: v.get_value().shape for path, v in params}
+    matrices = sum(math.prod(s) for path, s in shapes.items() if len(s) >= 2 and path != ("embed",))
+    assert cost.matmul_params(config.model) == matrices
+    assert cost.num_params(config.model) == sum(math.prod(s) for s in shapes.values())
+
+
+def test_wall_time_arithmetic():
+    # 1e18 FLOPs on 8 devices of 1e15 FLOP/s at 50% MFU: 1e18 / 4e15 = 250 s
+    assert cost.wall_seconds(1e18, 8, 1e15, 0.5) == pytest.approx(250.0)
+    assert cost.measured_mfu(1e4, 1e10, 2, 1e15) == pytest.approx(0.05)
+    assert [cost.format_duration(s) for s in (9.5, 250, 7199, 7200, 48 * 3600)] == [
+        "9.5 s", "4 min", "120 min", "2.0 h", "48 h (2.0 d)"]  # fmt: skip
+    assert [cost.format_count(n) for n in (20e9, 5.5e9, 2e6, 1500, 12)] == [
+        "20B", "5.5B", "2M", "1.5k", "12"]  # fmt: skip
+    assert cost.sci(1.3293920256e20) == "1.329e20" and cost.sci(2e10) == "2e10"
+
+
+def test_the_plan_of_the_1b_preset_at_20b_tokens():
+    config = lm.get_config("size=1b")
+    config.train.num_tokens = 20_000_000_000
+    lines = cost.format_plan(config, rows=9, seeds=(1, 3), measured=0.2)
+    text = "\n".join(lines)
+    assert "6.647e9" in text and "38,147 steps" in text and "x1.333" in text
+    assert "9 runs: 1.196e21" in text and "27 runs: 3.589e21" in text
+    # 1.3294e20 / (8 x 989e12 x 0.4) = 42,006 s = 11.7 h, 93 GPU-hours; at 20%: 23.3 h;
+    # 9 runs 105 h (840 GPU-hours), 27 runs 315 h (2,520).
+    cells = ["H100 SXM", "989", "8", "11.7 h", "93", "23.3 h", "105 h (4.4 d)", "840",
+             "315 h (13.1 d)", "2,520"]  # fmt: skip
+    assert "| " + " | ".join(cells) + " |" in lines
+    assert sum(line.startswith("| TPU v5p |") for line in lines) == len(cost.DEVICE_COUNTS)
+    assert cost.format_plan(config)[-1].count("|") == 6  # one run: no totals columns
+
+
+def test_the_committed_plan_is_what_its_command_writes(monkeypatch):
+    """results/cost_plan.md = the output of the command it names + its hand-written notes."""
+    monkeypatch.chdir(ROOT)
+    with open("results/cost_plan.md") as f:
+        text = f.read()
+    made_by = next(line for line in text.splitlines() if line.startswith("Made by `python -m"))
+    argv = shlex.split(made_by.split("`")[1])[3:]  # after python -m rope_jax.harness.cost
+    assert "--out=results/cost_plan.md" in argv
+    notes = cost.kept_notes("results/cost_plan.md")
+    assert notes.startswith(cost.NOTES_MARKER)
+    assert text == "\n".join(cost.render(argv)) + "\n\n" + notes
+
+
+def test_main_writes_markdown_and_keeps_the_notes(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "plan.md"
+    argv = ["--config=configs/lm.py:size=tiny", "--num_tokens=1e9,2e6", "--rows=9", f"--out={out}"]
+    cost.main(argv)
+    text = out.read_text()
+    assert text.startswith("# Cost plan: `configs/lm.py:size=tiny`")
+    assert "## 1B tokens per run" in text and "## 2M tokens per run" in text
+    out.write_text("stale numbers\n" + cost.NOTES_MARKER + "\nmy notes\n")
+    cost.main(argv)
+    assert out.read_text() == text + "\n" + cost.NOTES_MARKER + "\nmy notes\n"
+    with pytest.raises(SystemExit, match="no file"):
+        cost.main(["--config=configs/none.py"])
+
+
+@pytest.mark.slow  # compiles the tiny step (~5-10 s on 2 busy cores)
+def test_dry_run_reports_the_flops():
+    from rope_jax.harness import setup
+
+    config = lm.get_config("size=tiny")
+    config.train.num_tokens = 10**9
+    report = setup.dry_run(config)
+    assert report["flops_per_token"] == 2_951_424
+    assert report["total_flops"] == 2_951_424 * 10**9
+    assert jax.device_count() == report["devices"]
