@@ -3,23 +3,25 @@ r"""Evaluates a checkpoint of a training run on held-out data.
   python eval.py --workdir=runs/x                       # newest checkpoint
   python eval.py --workdir=runs/x --step=500 --seq_lens=256,512,1024
   python eval.py --workdir=runs/x --fallback            # skip damaged newest steps
+  python eval.py --workdir=runs/x --splits=test --tag=test   # eval_<step>_test.json
   python eval.py --workdir=runs/x --generate --prompt="ROMEO:" --max_new_tokens=200
 
-Writes <workdir>/eval_<step>.json: per context length, loss (nats/token), perplexity,
-bits per byte, token count and top-1 accuracy on --split. Context lengths beyond
-training measure extrapolation. --splits (default `eval.splits`) adds one entry per
-named split at the training length: the held-out generalisation splits of multimodal
-data, with answer accuracy overall and per task.
+Writes <workdir>/eval_<step>.json (eval_<step>_<tag>.json with --tag): per context
+length, loss (nats/token), perplexity, bits per byte, token count and top-1 accuracy
+on --split, and the settings it was made with. Context lengths beyond training
+measure extrapolation. --splits (default `eval.splits`) adds one entry per named
+split at the training length: the held-out generalisation splits of multimodal data,
+with answer accuracy overall and per task. An existing file made with other settings
+is never replaced unless --overwrite. The checkpoint is verified against its checksums.
 With --generate it instead prints the prompt and its continuation (greedy, or sampled
 with --temperature > 0), decoded with a key/value cache, up to the first EOS.
 """
 
 from __future__ import annotations
 
-import sys
-
 from absl import app, flags
 
+from rope_jax.harness import cli
 from rope_jax.harness.evaluate import evaluate_checkpoint, generate_text
 
 FLAGS = flags.FLAGS
@@ -33,6 +35,8 @@ def define_flags():
     flags.DEFINE_list("splits", None, "Extra splits at the training length; default eval.splits.")
     flags.DEFINE_integer("num_batches", None, "Batches per length; 0 = whole split.")
     flags.DEFINE_bool("fallback", False, "If a checkpoint is damaged, use the newest good.")
+    flags.DEFINE_string("tag", "", "Write eval_<step>_<tag>.json instead of eval_<step>.json.")
+    flags.DEFINE_bool("overwrite", False, "Replace an eval JSON made with other settings.")
     flags.DEFINE_bool("generate", False, "Print a continuation of --prompt instead.")
     flags.DEFINE_string("prompt", "", "Text to continue with --generate ('' = a new document).")
     flags.DEFINE_integer("max_new_tokens", 200, "Tokens (bytes) to generate.")
@@ -42,9 +46,9 @@ def define_flags():
 
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        cli.fail(f"unexpected arguments: {argv[1:]}", cli.USAGE_ERROR)
     if not FLAGS.workdir:
-        sys.exit("error: --workdir is required")
+        cli.fail("--workdir is required", cli.USAGE_ERROR)
     try:
         if FLAGS.generate:
             generate_text(
@@ -65,11 +69,13 @@ def main(argv):
             splits=FLAGS.splits,
             num_batches=FLAGS.num_batches,
             fallback=FLAGS.fallback,
+            tag=FLAGS.tag,
+            overwrite=FLAGS.overwrite,
         )
-    except ValueError as e:  # CheckpointError, DataSourceError and config errors
-        sys.exit(f"error: {e}")
+    except ValueError as e:  # CheckpointError, DataSourceError, WorkdirError, config errors
+        cli.fail(e)
 
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags)

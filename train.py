@@ -4,19 +4,24 @@ r"""Trains a decoder; one config flag picks the positional scheme.
   python train.py --config=configs/lm.py:size=1b --dry_run      # sizes, no allocation
 
 Restarting the same command resumes from the newest checkpoint (parameters, optimiser,
-data position). SIGTERM saves a checkpoint and exits cleanly; a non-finite loss stops
-the run at that step and keeps the last good checkpoint.
+data position), verified against its checksums; --fallback resumes from the newest
+intact one when newer ones are damaged. A resume whose config changes what the
+checkpoints mean (data, optimiser, schedule, seed, train.num_steps) stops with the
+fields, unless --allow_config_change. SIGTERM or Ctrl-C saves a checkpoint at the end
+of the current step and exits 0 (a second Ctrl-C aborts at once); a non-finite loss
+or a failed save stops the run at that step and keeps the last good checkpoint. One
+run per workdir at a time. Logs of absl/Orbax/TFDS are off unless --verbosity=0 (-v 0).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
 import jax
 from absl import app, flags
 from ml_collections import config_flags
 
+from rope_jax.harness import cli
 from rope_jax.harness.loop import NonFiniteLoss, print_dry_run, train_and_evaluate
 
 FLAGS = flags.FLAGS
@@ -26,27 +31,42 @@ def define_flags():
     config_flags.DEFINE_config_file("config", None, "Config file (path:arg).")
     flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics).")
     flags.DEFINE_bool("dry_run", False, "Print parameter count and memory; no run.")
+    flags.DEFINE_bool(
+        "fallback",
+        False,
+        "Resume from the newest intact checkpoint if newer ones are "
+        "damaged (they are moved to damaged_checkpoints/).",
+    )
+    flags.DEFINE_bool(
+        "allow_config_change",
+        False,
+        "Resume although data/optimiser/schedule/seed/"
+        "num_steps differ from config.json (the old one is kept as config.<step>.json).",
+    )
 
 
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        cli.fail(f"unexpected arguments: {argv[1:]}", cli.USAGE_ERROR)
     if os.environ.get("JAX_COORDINATOR_ADDRESS"):
         jax.distributed.initialize()  # multi-host: the environment names the coordinator
     config = FLAGS.config
     if config is None:
-        sys.exit("error: --config is required, e.g. --config=configs/lm.py:size=tiny")
+        cli.fail("--config is required, e.g. --config=configs/lm.py:size=tiny", cli.USAGE_ERROR)
     try:
         if FLAGS.dry_run:
             print_dry_run(config)
             return
         if not FLAGS.workdir:
-            sys.exit("error: --workdir is required")
-        train_and_evaluate(config, FLAGS.workdir)
+            cli.fail("--workdir is required", cli.USAGE_ERROR)
+        train_and_evaluate(config, FLAGS.workdir, fallback=FLAGS.fallback,
+                           allow_config_change=FLAGS.allow_config_change)  # fmt: skip
     except (ValueError, NonFiniteLoss) as e:
-        sys.exit(f"error: {e}")
+        cli.fail(e)
+    except KeyboardInterrupt:
+        cli.fail("aborted by a second Ctrl-C; the newest checkpoint is kept", 130)
 
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags)

@@ -58,7 +58,7 @@ def test_training_logs_answer_accuracy_and_eval_scores_every_held_out_split(data
     saved = json.loads((tmp_path / "eval_40.json").read_text())
     assert saved["larger"]["loss"] == pytest.approx(result["larger"]["loss"])
     # The same checkpoint scored again gives the same numbers: held-out splits are fixed.
-    again = eval_lib.evaluate_checkpoint(str(tmp_path), splits=["aspect"])
+    again = eval_lib.evaluate_checkpoint(str(tmp_path), splits=["aspect"], tag="aspect")
     assert again["aspect"] == result["aspect"]
 
 

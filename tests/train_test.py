@@ -15,19 +15,12 @@ import pytest
 import eval as eval_lib
 import train
 from configs import lm
-from rope_jax import data, harness
+from rope_jax import harness
 from rope_jax.harness import checkpoint, metrics
 
+pytestmark = pytest.mark.slow  # end-to-end training runs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("tfds"))
-    cfg = data.default_config()
-    cfg.data_dir = path
-    data.prepare(cfg)
-    return path
 
 
 def tiny(data_dir, **overrides):
@@ -237,6 +230,7 @@ import json, sys
 sys.path.insert(0, ".")
 import jax, train
 from tests.train_test import tiny
+
 config = tiny(sys.argv[1], **{"train.num_steps": 4, "train.log_every_steps": 1,
                               "mesh.shape": (4, 2, 1)})
 assert jax.device_count() == 8

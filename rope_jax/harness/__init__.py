@@ -7,8 +7,12 @@
   feed        batches onto devices: placement, prefetch thread, abstract batches
   loop        train_and_evaluate(config, workdir): the training loop
   evaluate    evaluate_checkpoint / generate_text from a workdir
-  checkpoint  Orbax checkpoints with the config beside them
+  checkpoint  Orbax checkpoints with checksums, the config beside them
   metrics     losses, evaluation sums, metric files
+  cost        FLOPs per token and the cost plan of a token budget
+  workdir     one writer per workdir (lock), writability, free space, atomic writes
+  console     quiet logs and the run's progress lines
+  cli         flag parsing for train.py / eval.py with one-line errors
 
 The names most callers need are re-exported here (`harness.build(config)`).
 """

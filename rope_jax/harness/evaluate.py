@@ -1,37 +1,118 @@
 """Evaluating a run's checkpoint: held-out metrics at any context length, or generation.
 
 `evaluate_checkpoint` restores a checkpoint into the abstract target of the config
-saved in the workdir and writes <workdir>/eval_<step>.json; `generate_text` decodes
-a continuation of a prompt with a key/value cache.
+saved in the workdir and writes <workdir>/eval_<step>[_<tag>].json; `generate_text`
+decodes a continuation of a prompt with a key/value cache.
+
+Before anything is restored or compiled: the workdir must be writable, every split to
+score must hold tokens (`check_splits`), and an existing eval JSON of the same step and
+tag must have been made with the same settings (seq_lens, split, splits, num_batches),
+or else `overwrite` must be given: results made with other settings are never
+replaced silently.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 
+import jax
+import numpy as np
 from absl import logging
 from flax import nnx
 
 from rope_jax import data
-from rope_jax.harness import checkpoint, setup
+from rope_jax.data import sources
+from rope_jax.harness import checkpoint, console, setup
+from rope_jax.harness import workdir as workdir_lib
 from rope_jax.nn import generate
+
+_RESULT_KEYS = ("step", "split", "train_seq_len", "settings")
 
 
 def restore(workdir: str, run, step: int | None, fallback: bool):
-    """(step, state) of a checkpoint restored into the run's abstract target."""
+    """(step, state) of a checkpoint restored into the run's abstract target and verified.
+
+    With `fallback` (and no `step`), damaged newer steps are skipped with a warning.
+    """
     ckpt = checkpoint.Manager(workdir, read_only=True)
     try:
         if not ckpt.steps():
             raise checkpoint.CheckpointError(f"no checkpoints in {ckpt.directory}")
         if step is None and fallback:
-            step, state, _ = ckpt.restore_latest_good(run.abstract)
+            step, state, _, skipped = ckpt.restore_latest_good(run.abstract)
+            for bad, why in skipped:
+                console.warn(f"skipped checkpoint step {bad}: {why}")
         else:
             step = ckpt.latest_step() if step is None else step
-            state, _ = ckpt.restore(step, run.abstract)
+            try:
+                state, _ = ckpt.restore(step, run.abstract)
+            except checkpoint.CheckpointError as e:
+                hint = "" if fallback else "; --fallback uses the newest intact step"
+                raise checkpoint.CheckpointError(f"{e}{hint}") from e
     finally:
         ckpt.close()
     return step, state
+
+
+def check_splits(config, splits) -> None:
+    """Every split in `splits` has a first evaluation batch with scored tokens.
+
+    Reads one batch per split (the token streams are cached for the real evaluation),
+    so a missing, empty or too-small split fails before anything compiles.
+    """
+    for split in dict.fromkeys(splits):
+        batches = data.make_eval_iterator(
+            config.data,
+            split=split,
+            batch_size=config.eval.batch_size,
+            num_batches=1,
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+        )
+        first = next(iter(batches), None)
+        if first is None or not np.asarray(first["weights"]).any():
+            raise sources.DataSourceError(
+                f"split {split!r} of {sources.describe(config.data)} has too few tokens to "
+                "evaluate (it needs at least 2)"
+            )
+
+
+def eval_path(workdir: str, step: int, tag: str = "") -> str:
+    """<workdir>/eval_<step>.json, or eval_<step>_<tag>.json."""
+    if tag and not re.fullmatch(r"[A-Za-z0-9_.-]+", tag):
+        raise ValueError(f"--tag={tag!r} may hold only letters, digits, '_', '.' and '-'")
+    return os.path.join(workdir, f"eval_{step}{'_' + tag if tag else ''}.json")
+
+
+def saved_settings(result: dict) -> dict:
+    """The settings an eval JSON was made with (rebuilt from its keys for files written
+    before settings were stored; their num_batches is unknown, None)."""
+    if "settings" in result:
+        return result["settings"]
+    lengths = [int(k) for k in result if k.isdigit()]
+    splits = [k for k in result if not k.isdigit() and k not in _RESULT_KEYS]
+    return {"seq_lens": lengths, "split": result.get("split"), "splits": splits,
+            "num_batches": None}  # fmt: skip
+
+
+def check_existing(path: str, settings: dict, overwrite: bool) -> None:
+    """Refuses (one line) to replace `path` if it was made with other settings."""
+    if overwrite or not os.path.exists(path):
+        return
+    try:
+        with open(path) as f:
+            old = saved_settings(json.load(f))
+    except (OSError, ValueError, AttributeError):
+        return  # unreadable: nothing worth keeping
+    diffs = [f"{k}: {old.get(k)!r} -> {v!r}" for k, v in settings.items()
+             if old.get(k) is not None and old.get(k) != v]  # fmt: skip
+    if diffs:
+        raise ValueError(
+            f"{path} exists and was made with other settings ({'; '.join(diffs)}): pass "
+            "--tag=NAME to write eval_<step>_NAME.json beside it, or --overwrite to replace it"
+        )
 
 
 def evaluate_checkpoint(
@@ -43,32 +124,59 @@ def evaluate_checkpoint(
     splits=None,
     num_batches: int | None = None,
     fallback: bool = False,
+    tag: str = "",
+    overwrite: bool = False,
 ) -> dict:
-    """Restores a checkpoint into an abstract target and evaluates it; writes JSON."""
+    """Restores a checkpoint into an abstract target and evaluates it; writes JSON.
+
+    The file (`eval_path`) also records the settings; the returned dict is the same
+    without them.
+    """
     config = checkpoint.load_config(workdir)
     seq_lens = [int(t) for t in seq_lens] or [config.data.seq_len, *config.eval.seq_lens]
     if any(t <= 0 for t in seq_lens):
         raise ValueError(f"--seq_lens={seq_lens} must be positive")
-    run = setup.build(config)
-    step, state = restore(workdir, run, step, fallback)
     split = split or config.data.eval_split
+    splits = list(config.eval.get("splits", ()) if splits is None else splits)
     num_batches = config.eval.num_batches if num_batches is None else num_batches
+    settings = {"seq_lens": seq_lens, "split": split, "splits": splits,
+                "num_batches": num_batches}  # fmt: skip
+    eval_path(workdir, 0, tag)  # a bad tag fails now
+    workdir_lib.check_writable(workdir)
+    if step is not None or not fallback:
+        step = _newest(workdir) if step is None else step
+        check_existing(eval_path(workdir, step, tag), settings, overwrite)
+    run = setup.build(config)
+    check_splits(config, [split, *splits])
+    step, state = restore(workdir, run, step, fallback)
+    path = eval_path(workdir, step, tag)
+    check_existing(path, settings, overwrite)  # the step --fallback found
     result = {"step": int(step), "split": split, "train_seq_len": config.data.seq_len}
     for seq_len in seq_lens:
         result[str(seq_len)] = setup.evaluate(
             run, state["params"], config, split=split, seq_len=seq_len, num_batches=num_batches
         )
         logging.info("step %d, seq_len %d: %s", step, seq_len, result[str(seq_len)])
-    for name in config.eval.get("splits", ()) if splits is None else splits:
+    for name in splits:
         result[name] = setup.evaluate(
             run, state["params"], config, split=name, num_batches=num_batches
         )
         logging.info("step %d, split %s: %s", step, name, result[name])
-    path = os.path.join(workdir, f"eval_{step}.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2)
+    if jax.process_index() == 0:
+        workdir_lib.write_atomic(path, json.dumps({**result, "settings": settings}, indent=2))
     print(json.dumps(result, indent=2))
     return result
+
+
+def _newest(workdir: str) -> int:
+    ckpt = checkpoint.Manager(workdir, read_only=True)
+    try:
+        step = ckpt.latest_step()
+    finally:
+        ckpt.close()
+    if step is None:
+        raise checkpoint.CheckpointError(f"no checkpoints in {ckpt.directory}")
+    return step
 
 
 def generate_text(

@@ -1,22 +1,41 @@
 """The training loop: `train_and_evaluate(config, workdir)` trains (or resumes) a run.
 
+Before anything compiles: the workdir is locked (one writer, `harness.workdir`) and
+checked writable, the config is checked, every split the run will evaluate is checked
+to hold tokens, and a resumed run's config is compared with its config.json
+(`checkpoint.check_resume`). config.json is written only once the run has started
+(first step done, or checkpoint restored), so a run that fails at once leaves the
+workdir as it was.
+
 Restarting in the same workdir resumes from the newest checkpoint (parameters,
-optimiser, data position). SIGTERM saves a checkpoint and returns cleanly; a
-non-finite loss stops the run at that step and keeps the last good checkpoint.
+optimiser, data position), verified against its checksums; with `fallback`, damaged
+newer steps are moved aside and the run resumes from the newest intact one. SIGTERM
+and a first Ctrl-C save at the end of the current step and return cleanly; a second
+Ctrl-C aborts at once (KeyboardInterrupt). A non-finite loss stops the run at that
+step, naming the newest checkpoint that verifies. A failed save stops the run at that
+step (`checkpoint.SaveError`).
+
+Output (stdout, process 0): a first line saying what runs and where its outputs go,
+"compiling the train step...", a progress line per `train.log_every_steps`, the
+evaluations, and a summary naming the checkpoint and metric files.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import signal
+import threading
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 
 from rope_jax import data, sharding
-from rope_jax.harness import checkpoint, feed, metrics, setup
+from rope_jax.harness import checkpoint, console, evaluate, feed, metrics, setup
+from rope_jax.harness import workdir as workdir_lib
 
 
 class NonFiniteLoss(RuntimeError):
@@ -30,15 +49,82 @@ def print_dry_run(config) -> dict:
           f"mesh: {report['mesh']}")  # fmt: skip
     for key in ("params", "opt", "temp"):
         print(f"  {key:>6} per device: {report[key + '_bytes_per_device'] / gib:9.3f} GiB")
+    from rope_jax.harness import cost  # not at the top: `python -m rope_jax.harness.cost`
+
+    for line in cost.format_plan(config):
+        print(f"  {line}")
     return report
 
 
-def train_and_evaluate(config, workdir: str) -> dict:
-    """Trains (or resumes) `config` in `workdir`; returns the final eval metrics."""
+class Interrupts:
+    """SIGTERM and a first Ctrl-C (SIGINT) ask the loop to save after the current step
+    and return; a second Ctrl-C raises KeyboardInterrupt at once. A context manager
+    that installs the handlers (main thread only) and restores the previous ones."""
+
+    NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
+
+    def __init__(self):
+        self.signal = None
+        self._previous = {}
+
+    def __enter__(self) -> Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.NAMES:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    @property
+    def name(self) -> str:
+        return self.NAMES.get(self.signal, "signal")
+
+    def _handle(self, sig, frame) -> None:
+        if sig == signal.SIGINT and self.signal is not None:
+            raise KeyboardInterrupt  # the second Ctrl-C: abort now
+        if self.signal is None:
+            self.signal = sig
+            console.say_from_signal_handler(
+                f"{self.name}: saving at the end of this step, then exiting"
+                + (" (Ctrl-C again to abort without saving)" if sig == signal.SIGINT else "")
+            )
+
+
+def train_and_evaluate(config, workdir: str, *, fallback: bool = False,
+                       allow_config_change: bool = False) -> dict | None:  # fmt: skip
+    """Trains (or resumes) `config` in `workdir`; returns the final eval metrics.
+
+    Args:
+      fallback: resume from the newest intact checkpoint when newer ones are damaged
+        (they are moved to <workdir>/damaged_checkpoints/).
+      allow_config_change: resume although a field that changes what the checkpoints
+        mean (`checkpoint.RESUME_FIELDS`) differs from config.json; the old config is
+        kept as config.<step>.json.
+    """
+    console.say(_headline(config, workdir))
+    lock = workdir_lib.Lock(workdir, enabled=jax.process_index() == 0)
+    with lock, Interrupts() as stop:
+        if lock.stale:
+            console.warn("took over the lock of a run that is gone "
+                         f"({workdir_lib.describe_holder(lock.stale)})")  # fmt: skip
+        try:
+            return _train(config, workdir, stop, fallback, allow_config_change)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+                raise workdir_lib.WorkdirError(
+                    f"{e.strerror}: {e.filename or workdir} "
+                    f"({workdir_lib.format_bytes(workdir_lib.free_bytes(workdir))} free)"
+                ) from e
+            raise
+
+
+def _train(config, workdir, stop, fallback, allow_config_change):
+    workdir_lib.check_writable(workdir)
     run = setup.build(config)
+    changes = checkpoint.check_resume(workdir, config, allow_change=allow_config_change)
     data.prepare(config.data)
-    checkpoint.save_config(workdir, config)
-    ckpt = checkpoint.Manager(workdir, keep=config.train.ckpt_keep)
     train_iter = data.make_train_iterator(
         config.data,
         seed=config.seed,
@@ -46,79 +132,252 @@ def train_and_evaluate(config, workdir: str) -> dict:
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     )
-    writer = metrics.MetricWriter(workdir)
-    stop = {"signal": None}
-    previous = signal.signal(signal.SIGTERM, lambda sig, frame: stop.update(signal=sig))
+    evaluate.check_splits(config, [config.data.eval_split, *config.eval.get("splits", ())])
+    ckpt = checkpoint.Manager(workdir, keep=config.train.ckpt_keep)
+    session = _Session(config, run, workdir, ckpt, stop, changes)
     try:
         with sharding.use_mesh(run.mesh, run.rules):
-            start = ckpt.latest_step()
-            if start is None:
-                state, start = jax.jit(run.init_fn, out_shardings=run.shardings)(), 0
-            else:
-                state, extra = ckpt.restore(start, run.abstract)
-                train_iter.set_state(extra["data"])
-                logging.info("resumed from step %d in %s", start, ckpt.directory)
+            state, start = _restore_or_init(run, ckpt, train_iter, fallback)
+            if start:
+                session.begin(start)
             batches = feed.Prefetch(train_iter, run.batch_sharding)  # placed ahead
             try:
-                return loop(config, run, state, start, batches, ckpt, writer, stop)
+                result = loop(session, state, start, batches)
             finally:
                 batches.close()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        ckpt.wait()
-        ckpt.close()
-        writer.close()
+    except BaseException:
+        session.close(quietly=True)
+        raise
+    session.close()
+    session.summary(result)
+    return result
 
 
-def loop(config, run, state, start, batches, ckpt, writer, stop) -> dict:
+def _restore_or_init(run, ckpt, train_iter, fallback):
+    """(state, step): the newest checkpoint (or with `fallback`, the newest intact one,
+    the damaged ones moved aside), or a fresh state at step 0."""
+    steps = ckpt.steps()
+    if not steps:
+        return jax.jit(run.init_fn, out_shardings=run.shardings)(), 0
+    try:
+        state, extra = ckpt.restore(steps[-1], run.abstract)
+        start = steps[-1]
+    except checkpoint.CheckpointError as e:
+        if not fallback:
+            raise checkpoint.CheckpointError(
+                f"{e}; --fallback resumes from the newest intact step"
+            ) from e
+        start, state, extra, skipped = ckpt.restore_latest_good(run.abstract)
+        for bad, why in skipped:
+            console.warn(f"{why}; moved it to {ckpt.set_aside(bad)}")
+    train_iter.set_state(extra["data"])
+    console.say(f"resumed from step {start} in {ckpt.directory}")
+    return state, start
+
+
+class _Session:
+    """What one call of `train_and_evaluate` writes: config.json and the metric files
+    (both only once the run has started), checkpoints, progress lines, the summary."""
+
+    def __init__(self, config, run, workdir, ckpt, stop, changes):
+        self.config, self.run, self.workdir, self.ckpt = config, run, workdir, ckpt
+        self.stop, self.changes = stop, changes
+        self.writer = None
+        self.tokens_per_step = config.data.global_batch_size * config.data.seq_len
+        self.t_start = time.time()
+        self.compile_s = None  # the first step of this session: compile + run
+        self.t_first = None  # when that step had finished
+        self.t_end = None
+        self.paused = 0.0  # seconds spent evaluating and saving, not training
+        self.start = self.final_step = None
+        self.last_loss = None
+        self._mark = (self.t_start, 0, 0.0)  # (time, step, paused) of the last progress line
+
+    def mark(self, step: int) -> None:
+        """Starts the interval the next progress line's tokens/s is measured over."""
+        self._mark = (time.time(), step, self.paused)
+
+    def first_step_done(self, step: int) -> None:
+        """The first step of this session compiled and ran: the run has started."""
+        self.t_first = time.time()
+        self.compile_s = self.t_first - self._mark[0]
+        self.begin(self.start)
+        self.mark(step)
+
+    def log(self, step: int, loss: float, grad_norm) -> None:
+        """One progress line and metrics record; tokens/s since the last one, leaving
+        out time spent evaluating and saving."""
+        t, at, paused = self._mark
+        seconds = time.time() - t - (self.paused - paused)
+        rate = (step - at) * self.tokens_per_step / max(seconds, 1e-9)
+        self.write(step, {"loss": loss, "tokens_per_s": rate, "grad_norm": grad_norm})
+        num_steps = self.config.train.num_steps
+        console.say(f"step {step}/{num_steps}  loss {loss:.4f}  "
+                    + _speed(rate, num_steps - step, self))  # fmt: skip
+        self.mark(step)
+
+    def step_done(self, step: int, paused_s: float) -> None:
+        self.final_step, self.t_end = step, time.time()
+        self.paused += paused_s
+
+    def begin(self, step: int) -> None:
+        """The run has started at `step`: write config.json, open the metric files."""
+        if self.writer is not None:
+            return
+        kept = checkpoint.save_config(
+            self.workdir, self.config, keep_old_as=step if self.changes else None
+        )
+        if self.changes:
+            console.warn(f"config changed at step {step} ({'; '.join(self.changes)}); "
+                         f"the previous config is kept in {kept}")  # fmt: skip
+        self.writer = metrics.MetricWriter(self.workdir)
+
+    def write(self, step: int, values: dict, prefix: str = "") -> None:
+        self.writer.write(step, values, prefix=prefix)
+
+    def close(self, quietly: bool = False) -> None:
+        closers = [self.ckpt.wait, self.ckpt.close]
+        if self.writer is not None:
+            closers.append(self.writer.close)
+        for close in closers:
+            if quietly:  # an error is already on its way: do not replace it
+                with contextlib.suppress(Exception):
+                    close()
+            else:
+                close()
+
+    def summary(self, result: dict | None) -> None:
+        """The last lines: where the run got to, its losses and speed, its files."""
+        steps = self.final_step - self.start
+        timed = steps - 1  # the first step compiled
+        seconds = (self.t_end or time.time()) - (self.t_first or time.time()) - self.paused
+        parts = [f"{steps} steps in {_hms(time.time() - self.t_start)}"]
+        if self.compile_s is not None:
+            parts[0] += f" (compile {self.compile_s:.0f} s)"
+        if self.last_loss is not None:
+            parts.append(f"train loss {self.last_loss:.4f}")
+        if result is not None:
+            parts.append(f"eval loss {result['loss']:.4f} on {self.config.data.eval_split}")
+        if timed > 0 and seconds > 0:
+            parts.append(f"{timed * self.tokens_per_step / seconds:,.0f} tokens/s")
+        how = f"stopped ({self.stop.name})" if self.stop.signal is not None else "done"
+        console.say(f"{how} at step {self.final_step}/{self.config.train.num_steps}: "
+                    + ", ".join(parts))  # fmt: skip
+        ckpt_step = self.ckpt.latest_step()
+        if ckpt_step is not None:
+            console.say(f"checkpoint: {self.ckpt.step_dir(ckpt_step)}")
+        if self.writer is not None:
+            workdir = os.path.abspath(self.workdir)
+            console.say(
+                f"metrics: {os.path.join(workdir, 'metrics.jsonl')} "
+                f"(TensorBoard: {os.path.join(workdir, 'tb')})"
+            )
+
+
+def loop(session: _Session, state, start: int, batches) -> dict | None:
     """Steps from `start` to `train.num_steps`: logs, evaluates, checkpoints, stops on
-    SIGTERM (`stop["signal"]` set) after saving. Returns the last eval metrics."""
-    num_steps = config.train.num_steps
-    tokens_per_step = config.data.global_batch_size * config.data.seq_len
-    pending, last_good, t0, t0_step, result = [], start, time.time(), start, None
+    SIGTERM / Ctrl-C (`session.stop.signal` set) after saving. Returns the last eval
+    metrics."""
+    config, run = session.config, session.run
+    num_steps, every = config.train.num_steps, config.train.ckpt_every_steps
+    pending, result = [], None
+    session.start = session.final_step = start
+    session.mark(start)
 
     def evaluate(step):
         out = setup.evaluate(run, state["params"], config, split=config.data.eval_split,
-                                num_batches=config.eval.num_batches)  # fmt: skip
-        writer.write(step, out, prefix="eval/")
-        logging.info("step %d  eval on %s: %s", step, config.data.eval_split, _fmt(out))
+                             num_batches=config.eval.num_batches)  # fmt: skip
+        session.write(step, out, prefix="eval/")
+        console.say(f"step {step}  eval on {config.data.eval_split}: {_fmt(out)}")
         return out
 
+    if start < num_steps:
+        console.say(f"compiling the train step ({_size(run)})...")
     for step in range(start + 1, num_steps + 1):
-        batch = next(batches)  # on devices already
-        state, step_metrics = run.train_step(state, batch)
+        if session.stop.signal is not None and step == start + 1:
+            console.say(f"{session.stop.name} before the first step: nothing to save")
+            return result
+        state, step_metrics = run.train_step(state, next(batches))  # batches: on devices
         pending.append(step_metrics["loss"])
-        stopping = stop["signal"] is not None  # read once: the signal may land mid-step
+        if step == start + 1:
+            jax.block_until_ready(step_metrics["loss"])
+            session.first_step_done(step)
+        stopping = session.stop.signal is not None  # read once: it may land mid-step
         log = step % config.train.log_every_steps == 0 or step == num_steps
-        every = config.train.ckpt_every_steps
         save = step == num_steps or stopping or (every and step % every == 0)
         if log or save:  # one host sync per log/save: check every pending step's loss
-            losses = np.asarray(jax.device_get(jnp.stack(pending)))
-            bad = np.flatnonzero(~np.isfinite(losses))
-            if bad.size:
-                raise NonFiniteLoss(
-                    f"non-finite loss ({losses[bad[0]]}) at step {step - len(losses) + 1 + bad[0]};"
-                    f" last good checkpoint: step {last_good} in {ckpt.directory}"
-                )
+            session.last_loss = _checked_losses(pending, step, session)[-1]
             pending.clear()
         if log:
-            rate = (step - t0_step) * tokens_per_step / max(time.time() - t0, 1e-9)
-            eta = (num_steps - step) * tokens_per_step / max(rate, 1e-9)
-            writer.write(step, {"loss": losses[-1], "tokens_per_s": rate,
-                                "grad_norm": step_metrics["grad_norm"]})  # fmt: skip
-            logging.info("step %d/%d  loss %.4f  %.0f tok/s  ETA %s", step, num_steps,
-                         losses[-1], rate, _hms(eta))  # fmt: skip
-            t0, t0_step = time.time(), step
+            session.log(step, session.last_loss, step_metrics["grad_norm"])
+        t_pause = time.time()
         if step == num_steps or (config.train.eval_every_steps
                                  and step % config.train.eval_every_steps == 0):  # fmt: skip
             result = evaluate(step)
         if save:
-            ckpt.save(step, state, {"data": batches.get_state(), "step": step})
-            last_good = step
+            _save(session, state, step, batches)
+        session.step_done(step, time.time() - t_pause)
         if stopping:
-            logging.warning("SIGTERM: saved step %d, exiting", step)
-            return result
-    return result if result is not None else evaluate(start)
+            console.say(f"{session.stop.name}: saved step {step} in {session.ckpt.directory}; "
+                        "the same command resumes")  # fmt: skip
+            break
+    if result is None and session.stop.signal is None:
+        result = evaluate(start)
+    return result
+
+
+def _checked_losses(pending: list, step: int, session: _Session) -> np.ndarray:
+    """The losses of the steps up to `step` on the host; NonFiniteLoss at the first
+    NaN/inf, naming the newest checkpoint that verifies."""
+    losses = np.asarray(jax.device_get(jnp.stack(pending)))
+    bad = np.flatnonzero(~np.isfinite(losses))
+    if bad.size:
+        at = step - len(losses) + 1 + bad[0]
+        raise NonFiniteLoss(f"non-finite loss ({losses[bad[0]]}) at step {at}; "
+                            f"{_last_good(session.ckpt, session.run)}")  # fmt: skip
+    return losses
+
+
+def _save(session: _Session, state, step: int, batches) -> None:
+    """Checkpoints `step`, refusing non-finite parameters (they would not restore)."""
+    bad = checkpoint.non_finite_params(state)
+    if bad:
+        raise NonFiniteLoss(f"parameter {bad} became NaN/inf at step {step}; "
+                            f"{_last_good(session.ckpt, session.run)}")  # fmt: skip
+    session.ckpt.save(step, state, {"data": batches.get_state(), "step": step})
+
+
+def _speed(rate: float, steps_left: int, session: _Session) -> str:
+    """`12,345 tok/s  ETA 0:01:02`, or the compile time on the first step's line."""
+    if rate <= 0:
+        return f"(first step, compile included: {session.compile_s:.1f} s)"
+    eta = steps_left * session.tokens_per_step / rate
+    return f"{rate:,.0f} tok/s  ETA {_hms(eta)}"
+
+
+def _last_good(ckpt, run) -> str:
+    """Names the newest checkpoint that restores and verifies (checked now)."""
+    step = ckpt.newest_intact(run.abstract)
+    if step is None:
+        return f"last good checkpoint: none in {ckpt.directory}"
+    return f"last good checkpoint: step {step} in {ckpt.directory}"
+
+
+def _headline(config, workdir: str) -> str:
+    """The first line: what runs, and where its outputs go."""
+    m, d = config.model, config.data
+    source = d.files if d.get("files", "") else d.name
+    sites = m.rope.sites or "none (NoPE)"
+    return (f"training a {m.num_layers}-layer D={m.embed_dim} decoder (rotary sites "
+            f"{sites}) on {source} for {config.train.num_steps} steps; outputs in "
+            f"{os.path.abspath(workdir)}")  # fmt: skip
+
+
+def _size(run) -> str:
+    count = setup.num_elements(run.abstract["params"])
+    devices = jax.device_count()
+    kind = jax.devices()[0].platform
+    return f"{count / 1e6:.2f} M parameters, {devices} {kind} device{'s' * (devices > 1)}"
 
 
 def _fmt(result: dict) -> str:

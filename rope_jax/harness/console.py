@@ -1,0 +1,85 @@
+"""What a run prints: progress on stdout, warnings on stderr, library logs kept quiet.
+
+  console.say("step 5/20  loss 5.95 ...")     # progress and results: stdout, flushed
+  console.warn("checkpoint step 20 ...")      # "warning: ..." on stderr
+  console.quiet_logs()                        # absl/Orbax/TFDS INFO logs off
+
+Only process 0 of a multi-process run prints. The entry points call `quiet_logs`
+unless the user asked for logs with `--verbosity` (`-v`); errors are theirs to print
+(`error: ...`, one line, on stderr).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import jax
+
+# Libraries whose records are dropped in quiet mode: the harness reports their
+# failures itself, as one line (an Orbax save failure logs a dozen ERROR lines).
+_QUIET_SOURCES = (f"{os.sep}orbax{os.sep}", f"{os.sep}tensorflow_datasets{os.sep}",
+                  f"{os.sep}grain{os.sep}")  # fmt: skip
+
+
+def say(message: str) -> None:
+    """One progress line on stdout (process 0 only)."""
+    if jax.process_index() == 0:
+        print(message, flush=True)
+
+
+def warn(message: str) -> None:
+    """One `warning: ...` line on stderr (process 0 only)."""
+    if jax.process_index() == 0:
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def say_from_signal_handler(message: str) -> None:
+    """`say` that is safe inside a signal handler (no re-entry into a buffered print)."""
+    try:
+        sys.stdout.flush()
+        os.write(sys.stdout.fileno(), (message + "\n").encode())
+    except (OSError, ValueError, AttributeError):  # stdout replaced (tests) or closed
+        print(message, flush=True)
+
+
+class _DropLibraryRecords(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(source in record.pathname for source in _QUIET_SOURCES)
+
+
+def _drop_closed_loop_noise(previous):
+    """An unraisable-exception hook that drops asyncio's "Event loop is closed" (a
+    checkpoint library's callbacks landing after its loop closed) and passes the rest."""
+
+    def hook(unraisable):
+        error = unraisable.exc_value
+        if isinstance(error, RuntimeError) and "Event loop is closed" in str(error):
+            return
+        previous(unraisable)
+
+    hook.drops_closed_loops = True
+    return hook
+
+
+def quiet_logs() -> None:
+    """absl logging at WARNING, Orbax/TFDS/Grain records and TFDS progress bars off,
+    asyncio's "Event loop is closed" noise off."""
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    absl_logger = logging.getLogger("absl")
+    if not any(isinstance(f, _DropLibraryRecords) for f in absl_logger.filters):
+        absl_logger.addFilter(_DropLibraryRecords())
+    for name in ("jax", "orbax", "tensorflow_datasets", "grain"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    if not getattr(sys.unraisablehook, "drops_closed_loops", False):
+        sys.unraisablehook = _drop_closed_loop_noise(sys.unraisablehook)
+    try:
+        import tensorflow_datasets as tfds
+
+        tfds.disable_progress_bar()
+    except ImportError:  # pragma: no cover - tfds is a dependency
+        pass

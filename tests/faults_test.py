@@ -1,0 +1,665 @@
+"""Faults a run meets, each made real: damaged checkpoints, full and read-only disks,
+two writers, stale locks, Ctrl-C, changed configs, tiny splits, bad command lines.
+
+Every model here is `train_test.tiny` (1 layer, D=32, 20 steps). Training runs in
+subprocesses (`train.py`, the real entry point) that share one persistent XLA cache
+and compile at a low XLA optimisation level, so the train step compiles once for the
+module; in-process calls only restore and evaluate (one more compile, also cached).
+Disk-full and read-only cases mount small tmpfs filesystems (root); where mounting is
+impossible they are skipped with the reason.
+"""
+
+import concurrent.futures
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import pytest
+from jax.experimental.compilation_cache import compilation_cache
+
+import eval as eval_lib
+import train
+from rope_jax import data, harness
+from rope_jax.harness import checkpoint, metrics
+from rope_jax.harness import workdir as workdir_lib
+from tests.train_test import tiny
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAST_XLA = "--xla_backend_optimization_level=0"  # compiles in half the time
+ABSL_LOG_LINE = re.compile(r"^[IWEF]\d{4} |^(INFO|WARNING|ERROR):absl:")
+
+
+# ------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def cache_env(tmp_path_factory):
+    """A persistent compilation cache for this module (restored afterwards), and the
+    environment that points subprocesses at it (with a fast, low-optimisation XLA)."""
+    path = str(tmp_path_factory.mktemp("xla_cache"))
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+             "jax_persistent_cache_min_entry_size_bytes")  # fmt: skip
+    before = {name: getattr(jax.config, name) for name in names}
+    for name, value in zip(names, (path, 0.0, 0), strict=True):
+        jax.config.update(name, value)
+    compilation_cache.reset_cache()
+    xla_flags = (os.environ.get("XLA_FLAGS", "") + " " + FAST_XLA).strip()
+    yield dict(os.environ, JAX_COMPILATION_CACHE_DIR=path, XLA_FLAGS=xla_flags,
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", PYTHONUNBUFFERED="1")  # fmt: skip
+    for name, value in before.items():
+        jax.config.update(name, value)
+    compilation_cache.reset_cache()
+
+
+@pytest.fixture(scope="module")
+def trained(data_dir, cache_env, tmp_path_factory):
+    """A finished tiny run of train.py (checkpoints at steps 10 and 20); copy it before
+    damaging it. Also fills the compilation cache for the other subprocesses."""
+    workdir = str(tmp_path_factory.mktemp("trained") / "run")
+    rc, out, err = run_all([["train.py", *flags(tiny(data_dir)), f"--workdir={workdir}"]],
+                           cache_env)[0]  # fmt: skip
+    assert rc == 0, out + err
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def saved(data_dir, cache_env, tmp_path_factory):
+    """A workdir as a tiny run leaves it (config.json, checkpoints at steps 10 and 20 of
+    the initial state, with their checksums), made without compiling a train step."""
+    config = tiny(data_dir)
+    workdir = str(tmp_path_factory.mktemp("saved") / "run")
+    run = harness.build(config)
+    state = jax.jit(run.init_fn, out_shardings=run.shardings)()
+    position = data.make_train_iterator(config.data, seed=0, batch_size=8).get_state()
+    mngr = checkpoint.Manager(workdir)
+    for step in (10, 20):
+        mngr.save(step, state, {"data": position, "step": step})
+    mngr.close()
+    checkpoint.save_config(workdir, config)
+    return workdir
+
+
+def copy_run(source, tmp_path, name="run"):
+    target = str(tmp_path / name)
+    shutil.copytree(source, target)
+    return target
+
+
+class MountError(RuntimeError):
+    pass
+
+
+class Mounts:
+    """Small tmpfs filesystems (needs root); unmounted at the end of the test."""
+
+    def __init__(self):
+        self.points = []
+
+    def tmpfs(self, path, size: int, options: str = "") -> str:
+        os.makedirs(path, exist_ok=True)
+        opts = f"size={size}" + (f",{options}" if options else "")
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)],
+                              capture_output=True, text=True)  # fmt: skip
+        if proc.returncode != 0:
+            raise MountError(f"cannot mount a tmpfs here: {proc.stderr.strip() or proc.returncode}")
+        self.points.append(str(path))
+        return str(path)
+
+    def tmpfs_or_skip(self, path, size: int, options: str = "") -> str:
+        try:
+            return self.tmpfs(path, size, options)
+        except MountError as e:
+            print(e)
+            pytest.skip(str(e))
+
+    def remount_read_only(self, path) -> None:
+        subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True)
+
+    def close(self):
+        for point in reversed(self.points):
+            if subprocess.run(["umount", point], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", point], capture_output=True)
+
+
+@pytest.fixture
+def mounts():
+    m = Mounts()
+    yield m
+    m.close()
+
+
+# -------------------------------------------------------------------------- helpers
+
+
+def flags(config) -> list[str]:
+    """--config=... and one --config.<field>=<value> per leaf of `config`."""
+    out = ["--config=configs/lm.py:size=tiny"]
+
+    def walk(node, prefix):
+        for key, value in node.items():
+            if hasattr(value, "items"):
+                walk(value, f"{prefix}{key}.")
+            elif isinstance(value, tuple):
+                text = ",".join(map(repr, value)) + ("," if len(value) == 1 else "")
+                out.append(f"--config.{prefix}{key}=({text})")
+            else:
+                out.append(f"--config.{prefix}{key}={value}")
+
+    walk(config, "")
+    return out
+
+
+def start(args, env, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)  # fmt: skip
+
+
+def run_all(commands, env, parallel=4, timeout=240) -> list[tuple[int, str, str]]:
+    """Runs the commands, up to `parallel` at a time (each spends seconds importing on
+    one core); (returncode, stdout, stderr) of each, in order."""
+
+    def run(args):
+        proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, text=True,
+                              capture_output=True, timeout=timeout)  # fmt: skip
+        return proc.returncode, proc.stdout, proc.stderr
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
+        return list(pool.map(run, commands))
+
+
+def one_error_line(rc: int, out: str, err: str) -> str:
+    """The single `error: ...` line of a failed command (and nothing else on stderr)."""
+    assert rc != 0, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+def read_until(proc, pattern: str, deadline_s: float) -> list[str]:
+    """stdout lines of a running process up to the first that matches `pattern`."""
+    lines, end = [], time.time() + deadline_s
+    while time.time() < end:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line.rstrip("\n"))
+        if re.search(pattern, line):
+            return lines
+    proc.kill()
+    raise AssertionError(f"no line matching {pattern!r}: {lines} {proc.stderr.read()}")
+
+
+def largest_array_file(workdir, step) -> str:
+    files = glob.glob(os.path.join(workdir, "checkpoints", str(step), "state", "**", "*"),
+                      recursive=True)  # fmt: skip
+    return max((f for f in files if os.path.isfile(f)), key=os.path.getsize)
+
+
+def flip_bytes(path: str, at: float = 0.5, count: int = 4) -> None:
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        i = int(len(data) * at)
+        data[i : i + count] = bytes(b ^ 0xFF for b in data[i : i + count])
+        f.seek(0)
+        f.write(data)
+
+
+def truncate(path: str, keep: float = 0.5) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(int(os.path.getsize(path) * keep))
+
+
+def listing(path) -> dict:
+    """{relative path: bytes} of every file under `path`."""
+    out = {}
+    for root, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            out[os.path.relpath(full, path)] = open(full, "rb").read()
+    return out
+
+
+# ------------------------------------------------- commands that end with one line
+
+
+@pytest.fixture(scope="module")
+def commands(data_dir, trained, cache_env, tmp_path_factory):
+    """The faults that end a command, each set up in its own workdir, then every command
+    run together: {name: (returncode, stdout, stderr, workdir)}. A case that cannot be
+    set up here is (None, "", reason, None)."""
+    root, config, mounts = tmp_path_factory.mktemp("commands"), tiny(data_dir), Mounts()
+    train_cmd = lambda workdir, *extra: ["train.py", *flags(config), f"--workdir={workdir}", *extra]
+    flipped = {}
+    for name in ("eval_flipped", "train_flipped", "train_flipped_fallback"):
+        flipped[name] = copy_run(trained, root, name)
+        flip_bytes(largest_array_file(flipped[name], 20))
+    cases = {
+        "eval_flipped": (["eval.py", f"--workdir={flipped['eval_flipped']}", "--num_batches=1"],
+                         flipped["eval_flipped"]),
+        "train_flipped": (train_cmd(flipped["train_flipped"]), flipped["train_flipped"]),
+        "train_flipped_fallback": (train_cmd(flipped["train_flipped_fallback"], "--fallback"),
+                                   flipped["train_flipped_fallback"]),
+    }  # fmt: skip
+    nan = explosive_run(config, trained, root / "nan")
+    cases["train_nan"] = (train_cmd(nan), nan)
+    never = str(root / "never")
+    cases["unknown_field"] = (["train.py", "--config=configs/lm.py:size=tiny", f"--workdir={never}",
+                               "--config.model.rope.sties=qk"], never)  # fmt: skip
+    cases["missing_config"] = (["train.py", "--config=configs/lmm.py:size=tiny",
+                                f"--workdir={never}"], never)  # fmt: skip
+    skipped = {}
+    try:
+        full = os.path.join(mounts.tmpfs(root / "disk", room_for_one_save(config)), "run")
+        cases["train_disk_full"] = (train_cmd(full), full)
+    except MountError as e:
+        skipped["train_disk_full"] = (None, "", str(e), None)
+    results = run_all([args for args, _ in cases.values()], cache_env)
+    yield {name: (*result, workdir) for (name, (_, workdir)), result
+           in zip(cases.items(), results, strict=True)} | skipped  # fmt: skip
+    mounts.close()
+
+
+def explosive_run(config, trained, workdir) -> str:
+    """A copy of `trained` whose only checkpoint (step 10) holds finite parameters 1e30
+    times too large: the next step's loss is NaN/inf."""
+    workdir = copy_run(trained, workdir.parent, workdir.name)
+    run = harness.build(config)
+    mngr = checkpoint.Manager(workdir)
+    state, extra = mngr.restore(10, run.abstract)
+    for step in (10, 20):
+        shutil.rmtree(mngr.step_dir(step))
+    mngr.close()
+    state["params"] = jax.tree.map(lambda x: x * 1e30, state["params"])
+    mngr = checkpoint.Manager(workdir)
+    mngr.save(10, state, extra)
+    mngr.close()
+    return workdir
+
+
+def room_for_one_save(config) -> int:
+    """A disk size with room for the first save (checked against the state's size in
+    memory, which Orbax compresses) but not for a second one beside it."""
+    run = harness.build(config)
+    state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(run.abstract))
+    return (state_bytes + 160 * 1024) // 4096 * 4096
+
+
+# --------------------------------------------------------------- checkpoint integrity
+
+
+def test_every_step_carries_checksums_written_after_it(saved):
+    for step in (10, 20):
+        step_dir = os.path.join(saved, "checkpoints", str(step))
+        sums = json.load(open(os.path.join(step_dir, "checksums.process_0.json")))
+        assert sums["step"] == step and sums["algorithm"] == "crc32"
+        assert "params.embed" in sums["arrays"] and "step" in sums["arrays"]
+        newest_orbax_file = max(os.path.getmtime(f) for f in glob.glob(
+            os.path.join(step_dir, "state", "**", "*"), recursive=True))  # fmt: skip
+        written = os.path.getmtime(os.path.join(step_dir, "checksums.process_0.json"))
+        assert written >= newest_orbax_file
+
+
+@pytest.mark.slow
+def test_a_flipped_byte_is_named_and_fallback_uses_the_previous_step(
+    data_dir, trained, tmp_path, commands
+):
+    workdir = copy_run(trained, tmp_path)
+    flip_bytes(largest_array_file(workdir, 20))
+    # In process: the exception names the step and the first bad array.
+    with pytest.raises(checkpoint.CheckpointError) as info:
+        eval_lib.evaluate_checkpoint(workdir, num_batches=1)
+    message = str(info.value)
+    assert "checkpoint step 20" in message and "\n" not in message
+    assert re.search(r"array (params|opt)\.\S+ does not match its checksum", message), message
+    assert eval_lib.evaluate_checkpoint(workdir, num_batches=1, fallback=True)["step"] == 10
+    assert json.load(open(os.path.join(workdir, "eval_10.json")))["step"] == 10
+
+    # On the command line: one line each; train.py --fallback resumes from step 10.
+    for name in ("eval_flipped", "train_flipped"):
+        line = one_error_line(*commands[name][:3])
+        assert "checkpoint step 20" in line and "does not match its checksum" in line
+        assert "--fallback" in line
+    rc, out, err, resumed = commands["train_flipped_fallback"]
+    assert rc == 0, err
+    assert "resumed from step 10" in out and "step 20/20" in out
+    assert "checkpoint step 20" in err and "damaged_checkpoints" in err
+    assert os.listdir(os.path.join(resumed, "damaged_checkpoints")) == ["20"]
+    assert checkpoint.Manager(resumed, read_only=True).steps() == [10, 20]
+    run = harness.build(tiny(data_dir))
+    checkpoint.Manager(resumed, read_only=True).restore(20, run.abstract)  # verifies
+
+
+def test_a_truncated_file_stops_train_and_eval_naming_the_step(data_dir, saved, tmp_path):
+    config = tiny(data_dir)
+    workdir = copy_run(saved, tmp_path)
+    truncate(largest_array_file(workdir, 20))
+    unreadable = r"checkpoint step 20 .*cannot be read"
+    with pytest.raises(checkpoint.CheckpointError, match=unreadable):
+        eval_lib.evaluate_checkpoint(workdir, num_batches=1)
+    before = listing(workdir)
+    with pytest.raises(checkpoint.CheckpointError, match=unreadable + ".*--fallback"):
+        train.train_and_evaluate(config, workdir)
+    assert listing(workdir) == before  # the failed resume wrote nothing
+    run = harness.build(config)
+    mngr = checkpoint.Manager(workdir, read_only=True)
+    step, _, _, skipped = mngr.restore_latest_good(run.abstract)
+    assert step == 10 and [s for s, _ in skipped] == [20]
+
+
+def test_an_incomplete_step_is_not_restored(data_dir, saved, tmp_path):
+    workdir = copy_run(saved, tmp_path)
+    os.remove(os.path.join(workdir, "checkpoints", "20", "checksums.process_0.json"))
+    run = harness.build(tiny(data_dir))
+    mngr = checkpoint.Manager(workdir, read_only=True)
+    with pytest.raises(checkpoint.CheckpointError, match="step 20 .* is incomplete"):
+        mngr.restore(20, run.abstract)
+    assert mngr.restore_latest_good(run.abstract)[0] == 10
+
+
+@pytest.mark.slow
+def test_non_finite_loss_names_a_checkpoint_that_exists_and_verifies(data_dir, commands):
+    *result, workdir = commands["train_nan"]
+    line = one_error_line(*result)
+    match = re.fullmatch(r"error: non-finite loss \(\S+\) at step (\d+); last good checkpoint: "
+                         r"step (\d+) in (\S+)", line)  # fmt: skip
+    assert match and int(match.group(1)) > 10 and match.group(2) == "10", line
+    run = harness.build(tiny(data_dir))
+    checkpoint.Manager(workdir, read_only=True).restore(10, run.abstract)
+
+
+# ---------------------------------------------------------------- saves fail loudly
+
+
+@pytest.mark.slow
+def test_disk_full_stops_at_the_save_with_the_free_space_and_keeps_the_last_step(
+    data_dir, commands
+):
+    rc, out, err, workdir = commands["train_disk_full"]
+    if rc is None:
+        print(err)
+        pytest.skip(err)
+    line = one_error_line(rc, out, err)
+    assert re.search(r"not enough free space for checkpoint step 20 in \S+: [\d.]+ KiB free, "
+                     r"[\d.]+ KiB needed \(step 10's size\)", line), line  # fmt: skip
+    assert line.endswith("(the newest checkpoint, step 10, is kept)")
+    assert "step 15/20" in out and "step 20/20" in out  # it stopped at step 20's save
+    assert checkpoint.Manager(workdir, read_only=True).steps() == [10]
+    run = harness.build(tiny(data_dir))
+    checkpoint.Manager(workdir, read_only=True).restore(10, run.abstract)  # still intact
+
+
+def test_a_write_that_runs_out_of_space_is_one_line_and_leaves_no_half_step(
+    data_dir, saved, tmp_path, mounts, monkeypatch
+):
+    config = tiny(data_dir)
+    run = harness.build(config)
+    source = checkpoint.Manager(saved, read_only=True)
+    state, extra = source.restore(20, run.abstract)
+    source.close()
+    files = glob.glob(os.path.join(saved, "checkpoints", "10", "**", "*"), recursive=True)
+    pages = sum(-(-os.path.getsize(f) // 4096) * 4096 for f in files if os.path.isfile(f))
+    disk = mounts.tmpfs_or_skip(tmp_path / "disk", int(pages * 1.5) // 4096 * 4096)
+    workdir = os.path.join(disk, "run")  # room for one step, not two
+    monkeypatch.setattr(workdir_lib, "free_bytes", lambda path: 1 << 40)  # no pre-check
+    mngr = checkpoint.Manager(workdir)
+    mngr.save(10, state, extra)
+    with pytest.raises(checkpoint.SaveError) as info:
+        mngr.save(20, state, extra)  # Orbax itself runs out of space
+    message = str(info.value)
+    assert message.startswith("saving checkpoint step 20 to ") and "\n" not in message
+    assert "No space left on device" in message and "step 10, is kept" in message
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["10"]  # no tmp dir
+    mngr.restore(10, run.abstract)
+    mngr.close()
+
+
+def test_a_read_only_workdir_fails_before_anything_compiles(data_dir, saved, tmp_path, mounts):
+    read_only = mounts.tmpfs_or_skip(tmp_path / "ro", 64 * 1024, "ro")
+    start_time = time.time()
+    with pytest.raises(workdir_lib.WorkdirError, match="is not writable: Read-only file system"):
+        train.train_and_evaluate(tiny(data_dir), read_only)
+    with pytest.raises(workdir_lib.WorkdirError, match="cannot create workdir"):
+        train.train_and_evaluate(tiny(data_dir), os.path.join(read_only, "run"))
+    # eval.py on a finished run whose disk became read-only: before evaluating.
+    disk = mounts.tmpfs_or_skip(tmp_path / "disk", 4 << 20)
+    workdir = copy_run(saved, tmp_path / "disk")
+    mounts.remount_read_only(disk)
+    with pytest.raises(workdir_lib.WorkdirError, match="is not writable: Read-only"):
+        eval_lib.evaluate_checkpoint(workdir, num_batches=1)
+    assert time.time() - start_time < 5
+
+
+# ------------------------------------------------------------------ one writer only
+
+
+def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
+    workdir = str(tmp_path / "run")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER, workdir_lib.__file__, workdir],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(workdir_lib.WorkdirError, match=rf"in use by .*pid {holder.pid}"):
+        workdir_lib.Lock(workdir).acquire()
+    holder.kill()  # SIGKILL: no cleanup, the lock file stays
+    holder.wait()
+    assert os.path.exists(os.path.join(workdir, workdir_lib.LOCK_FILE))
+    with workdir_lib.Lock(workdir) as lock:
+        assert lock.stale["pid"] == holder.pid
+        with pytest.raises(workdir_lib.WorkdirError, match=rf"pid {os.getpid()}"):
+            workdir_lib.Lock(workdir).acquire()  # a second open file: flock refuses it
+    assert not os.path.exists(os.path.join(workdir, workdir_lib.LOCK_FILE))
+
+
+LOCK_HOLDER = r"""
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("workdir", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+module.Lock(sys.argv[2]).acquire()
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_a_second_run_is_refused_naming_the_first_which_finishes_quietly(
+    data_dir, tmp_path, cache_env, trained
+):
+    """Also the output of a run: few lines, what runs and where first, files last."""
+    steps = 20  # the default preset's shape: 20 progress lines, 2 evaluations, 2 saves
+    every = {"train.log_every_steps": 1, "train.eval_every_steps": 10}
+    config = tiny(data_dir, **every)
+    workdir = str(tmp_path / "run")
+    began = time.time()
+    first = start(["train.py", *flags(config), f"--workdir={workdir}"], cache_env)
+    head = read_until(first, r"compiling the train step", 60)
+    announced = time.time() - began
+    first.send_signal(signal.SIGSTOP)  # holds the lock while the second one tries
+    try:
+        rc, out, err = run_all([["train.py", *flags(config), f"--workdir={workdir}"]],
+                               cache_env)[0]  # fmt: skip
+    finally:
+        first.send_signal(signal.SIGCONT)
+    line = one_error_line(rc, out, err)
+    assert f"pid {first.pid}" in line and f"host {socket.gethostname()}" in line, line
+    assert "in use by another run" in line
+    rest, err_first = first.communicate(timeout=240)
+    assert first.returncode == 0, err_first
+    assert err_first == ""  # no absl/Orbax/TFDS logs, no warnings
+    lines = head + rest.splitlines()
+    assert len(lines) < 30 and not any(ABSL_LOG_LINE.search(x) for x in lines), lines
+    assert workdir in lines[0] and lines[0].startswith("training a 1-layer")
+    assert lines[1].startswith("compiling the train step") and announced < 30
+    assert sum(bool(re.match(r"step \d+/20  loss [\d.]+  ", x)) for x in lines) == 20
+    assert sum(" eval on validation" in x for x in lines) == 2
+    assert re.match(rf"done at step {steps}/{steps}: {steps} steps .*train loss [\d.]+, "
+                    r"eval loss [\d.]+ on validation, [\d,]+ tokens/s$", lines[-3])  # fmt: skip
+    assert lines[-2] == f"checkpoint: {os.path.join(workdir, 'checkpoints', str(steps))}"
+    assert lines[-1].startswith(f"metrics: {os.path.join(workdir, 'metrics.jsonl')}")
+    assert not os.path.exists(os.path.join(workdir, workdir_lib.LOCK_FILE))
+
+
+# ------------------------------------------------------------------------- signals
+
+
+def _wait_for_training(workdir, proc, deadline_s=120):
+    end = time.time() + deadline_s
+    while not any("loss" in r for r in metrics.read_jsonl(workdir)):
+        assert proc.poll() is None and time.time() < end, proc.communicate()
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_ctrl_c_and_sigterm_save_and_exit_0_and_a_second_ctrl_c_aborts_at_once(
+    data_dir, tmp_path, cache_env, trained
+):
+    # The step functions of `trained` (same shapes and schedule: cached), with an
+    # evaluation after every step so that a run lasts long enough to be signalled.
+    fast = tiny(data_dir, **{"train.log_every_steps": 1, "train.ckpt_every_steps": 0,
+                             "train.eval_every_steps": 1, "eval.num_batches": 100})  # fmt: skip
+    slow = tiny(data_dir, **{"train.log_every_steps": 1, "train.ckpt_every_steps": 0,
+                             "train.eval_every_steps": 1, "eval.num_batches": 400})  # fmt: skip
+    runs = {"Ctrl-C": (str(tmp_path / "int"), signal.SIGINT, fast),
+            "SIGTERM": (str(tmp_path / "term"), signal.SIGTERM, fast),
+            "twice": (str(tmp_path / "twice"), signal.SIGINT, slow)}  # fmt: skip
+    procs = {name: start(["train.py", *flags(config), f"--workdir={workdir}"], cache_env)
+             for name, (workdir, _, config) in runs.items()}  # fmt: skip
+    for name, (workdir, sig, _) in runs.items():
+        _wait_for_training(workdir, procs[name])
+        procs[name].send_signal(sig)
+    twice = procs.pop("twice")
+    read_until(twice, r"^Ctrl-C: saving at the end of this step", 60)
+    twice.send_signal(signal.SIGINT)
+    sent = time.time()
+    out, err = twice.communicate(timeout=60)
+    assert twice.returncode == 130 and time.time() - sent < 10, (twice.returncode, out, err)
+    line = one_error_line(twice.returncode, out, err)
+    assert line == "error: aborted by a second Ctrl-C; the newest checkpoint is kept"
+    assert not os.path.exists(os.path.join(runs["twice"][0], workdir_lib.LOCK_FILE))
+
+    abstract = harness.build(fast).abstract
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0 and err == "", err
+        assert f"{name}: saving at the end of this step, then exiting" in out
+        mngr = checkpoint.Manager(runs[name][0], read_only=True)
+        saved = mngr.steps()
+        assert len(saved) == 1 and 0 < saved[0] < 20
+        assert f"{name}: saved step {saved[0]} in " in out
+        assert re.search(rf"stopped \({name}\) at step {saved[0]}/20", out), out
+        mngr.restore(saved[0], abstract)  # and it verifies
+
+
+# -------------------------------------------------------------------- resume checks
+
+
+def test_a_resume_that_changes_the_meaning_is_refused_listing_the_fields(data_dir, saved, tmp_path):
+    workdir = copy_run(saved, tmp_path)
+    before = listing(workdir)
+    changed = tiny(data_dir, **{"optim.lr": 0.01, "data.seq_len": 64, "train.num_steps": 30,
+                                "train.log_every_steps": 2})  # fmt: skip
+    with pytest.raises(checkpoint.CheckpointError) as info:
+        train.train_and_evaluate(changed, workdir)
+    message = str(info.value)
+    assert "(data.seq_len: 32 -> 64; optim.lr: 0.003 -> 0.01; train.num_steps: 20 -> 30)" in (
+        message
+    ), message
+    assert "--allow_config_change" in message and "\n" not in message
+    assert listing(workdir) == before  # nothing written
+
+
+@pytest.mark.slow
+def test_an_allowed_change_keeps_the_old_config_beside_the_new(data_dir, saved, tmp_path):
+    workdir = copy_run(saved, tmp_path)
+    old = open(os.path.join(workdir, "config.json")).read()
+    changed = tiny(data_dir, **{"optim.lr": 0.01, "seed": 7})
+    train.train_and_evaluate(changed, workdir, allow_config_change=True)
+    assert open(os.path.join(workdir, "config.20.json")).read() == old
+    saved = json.load(open(os.path.join(workdir, "config.json")))
+    assert saved["optim"]["lr"] == 0.01 and saved["seed"] == 7
+
+
+def test_a_run_that_fails_at_once_leaves_no_trace(data_dir, tmp_path):
+    workdir = str(tmp_path / "new")
+    with pytest.raises(ValueError, match="head_dim"):
+        train.train_and_evaluate(tiny(data_dir, **{"model.head_dim": 15}), workdir)
+    assert not os.path.exists(workdir)
+
+
+# ----------------------------------------------------------------------- eval files
+
+
+@pytest.mark.slow
+def test_eval_never_overwrites_results_made_with_other_settings(saved, tmp_path):
+    workdir = copy_run(saved, tmp_path)
+    first = eval_lib.evaluate_checkpoint(workdir, num_batches=1)
+    path = os.path.join(workdir, "eval_20.json")
+    saved = json.load(open(path))
+    assert saved["settings"] == {"seq_lens": [32], "split": "validation", "splits": [],
+                                 "num_batches": 1}  # fmt: skip
+    assert eval_lib.evaluate_checkpoint(workdir, num_batches=1) == first  # same: may rewrite
+    start_time = time.time()
+    with pytest.raises(ValueError) as info:
+        eval_lib.evaluate_checkpoint(workdir, num_batches=2)
+    assert time.time() - start_time < 2  # refused before restoring or evaluating
+    assert "num_batches: 1 -> 2" in str(info.value) and "--tag" in str(info.value)
+    assert json.load(open(path)) == saved
+    tagged = eval_lib.evaluate_checkpoint(workdir, num_batches=2, tag="more")
+    assert json.load(open(os.path.join(workdir, "eval_20_more.json")))["32"] == tagged["32"]
+    eval_lib.evaluate_checkpoint(workdir, num_batches=2, overwrite=True)
+    assert json.load(open(path))["settings"]["num_batches"] == 2
+
+
+# ------------------------------------------------------------------------- fail early
+
+
+def _corpus(path, *, empty_validation: bool) -> str:
+    """One file: short lines, then one long last line that spans the held-out part(s)."""
+    short = "".join(f"line {i} of a small corpus\n" for i in range(400))
+    tail_fraction = 0.12 if empty_validation else 0.07  # of the whole file (90/5/5 cuts)
+    long_line = "x" * int(len(short) * tail_fraction / (1 - tail_fraction)) + "\n"
+    with open(path, "w") as f:
+        f.write(short + long_line)
+    return str(path)
+
+
+def test_a_split_too_small_to_evaluate_fails_before_training(data_dir, tmp_path):
+    no_validation = _corpus(tmp_path / "a.txt", empty_validation=True)
+    no_test = _corpus(tmp_path / "b.txt", empty_validation=False)
+    cases = [
+        (tiny(data_dir, **{"data.files": no_validation}), "'validation'"),
+        (tiny(data_dir, **{"data.files": no_test, "eval.splits": ("test",)}), "'test'"),
+    ]
+    for config, split in cases:
+        workdir = str(tmp_path / "run")
+        start_time = time.time()
+        with pytest.raises(ValueError, match=f"split {split} of data.files="):
+            train.train_and_evaluate(config, workdir)
+        assert time.time() - start_time < 5 and not os.path.exists(workdir)
+
+
+# ------------------------------------------------------------------ the command line
+
+
+@pytest.mark.slow
+def test_command_line_mistakes_are_one_line_with_a_suggestion(commands):
+    for name in ("unknown_field", "missing_config"):
+        assert commands[name][0] == 2, commands[name]
+    assert one_error_line(*commands["unknown_field"][:3]) == (
+        "error: unknown config field 'model.rope.sties' (in --config.model.rope.sties=qk); "
+        "did you mean model.rope.sites?"
+    )
+    assert one_error_line(*commands["missing_config"][:3]) == (
+        "error: config file 'configs/lmm.py' not found (--config=configs/lmm.py:size=tiny); "
+        "did you mean configs/lm.py?"
+    )
+    assert not os.path.exists(commands["unknown_field"][3])  # nothing was created
