@@ -19,6 +19,8 @@ with --temperature > 0), decoded with a key/value cache, up to the first EOS.
 
 from __future__ import annotations
 
+import json
+
 from absl import app, flags
 
 from rope_jax.harness import cli
@@ -37,6 +39,17 @@ def define_flags():
     flags.DEFINE_bool("fallback", False, "If a checkpoint is damaged, use the newest good.")
     flags.DEFINE_string("tag", "", "Write eval_<step>_<tag>.json instead of eval_<step>.json.")
     flags.DEFINE_bool("overwrite", False, "Replace an eval JSON made with other settings.")
+    flags.DEFINE_string(
+        "rope_scaling",
+        None,
+        "JSON object replacing model.rope.scaling for "
+        'this evaluation, e.g. \'{"rope_type": "yarn", "factor": 4}\'; use with --tag.',
+    )
+    flags.DEFINE_integer(
+        "max_position_embeddings",
+        None,
+        "Replaces model.rope.max_position_embeddings for this evaluation.",
+    )
     flags.DEFINE_bool("generate", False, "Print a continuation of --prompt instead.")
     flags.DEFINE_string("prompt", "", "Text to continue with --generate ('' = a new document).")
     flags.DEFINE_integer("max_new_tokens", 200, "Tokens (bytes) to generate.")
@@ -71,6 +84,8 @@ def main(argv):
             fallback=FLAGS.fallback,
             tag=FLAGS.tag,
             overwrite=FLAGS.overwrite,
+            rope_scaling=None if FLAGS.rope_scaling is None else json.loads(FLAGS.rope_scaling),
+            max_position_embeddings=FLAGS.max_position_embeddings,
         )
     except ValueError as e:  # CheckpointError, DataSourceError, WorkdirError, config errors
         cli.fail(e)

@@ -437,7 +437,8 @@ def test_a_model_trained_with_linear_scaling_evaluates_under_its_own_and_another
     data_dir, tmp_path
 ):
     """Train a few steps with scaling=linear factor 2, evaluate at 1x and 2x; then the same
-    checkpoint under yarn (config.json edited, as an eval-time override would)."""
+    checkpoint under yarn through evaluate_checkpoint(rope_scaling=...) (eval.py's
+    --rope_scaling), written beside the first result with a tag."""
     import eval as eval_lib
     import train
     from configs import lm
@@ -466,10 +467,16 @@ def test_a_model_trained_with_linear_scaling_evaluates_under_its_own_and_another
     result = eval_lib.evaluate_checkpoint(workdir, seq_lens=[32, 64], num_batches=1)
     assert all(np.isfinite(result[k]["loss"]) for k in ("32", "64"))
 
-    saved["model"]["rope"]["scaling"].update(rope_type="yarn", factor=2.0)
-    saved["model"]["rope"]["max_position_embeddings"] = 32
-    (tmp_path / "linear" / "config.json").write_text(json.dumps(saved))
+    yarn = {"rope_type": "yarn", "factor": 2.0}
+    with pytest.raises(ValueError, match="exists and was made with other settings"):
+        eval_lib.evaluate_checkpoint(workdir, seq_lens=[32, 64], num_batches=1, rope_scaling=yarn)
     other = eval_lib.evaluate_checkpoint(
-        workdir, seq_lens=[32, 64], num_batches=1, tag="yarn", overwrite=True
+        workdir, seq_lens=[32, 64], num_batches=1, tag="yarn", rope_scaling=yarn,
+        max_position_embeddings=32,
+    )  # fmt: skip
+    assert json.load(open(os.path.join(workdir, "config.json"))) == saved  # left as trained
+    assert (
+        json.load(open(os.path.join(workdir, "eval_4_yarn.json")))["settings"]["rope_scaling"]
+        == yarn
     )
     assert np.isfinite(other["64"]["loss"]) and other["64"]["loss"] != result["64"]["loss"]

@@ -18,6 +18,7 @@ import os
 import re
 
 import jax
+import ml_collections
 import numpy as np
 from absl import logging
 from flax import nnx
@@ -97,6 +98,27 @@ def saved_settings(result: dict) -> dict:
             "num_batches": None}  # fmt: skip
 
 
+def with_rope_scaling(config, scaling=None, max_position_embeddings=None):
+    """A copy of `config` under another context-scaling rule (model.rope.scaling replaced).
+
+    Parameters do not depend on the rule, so a checkpoint restores under any of them: this
+    is how context extension is measured (train at T, evaluate at 4T under YaRN, ...).
+    """
+    if scaling is None and max_position_embeddings is None:
+        return config
+    if scaling is not None and not isinstance(scaling, dict):
+        raise ValueError(
+            f"--rope_scaling={scaling!r} must be a JSON object of rope_parameters keys"
+        )
+    config = config.copy_and_resolve_references()
+    with config.model.rope.ignore_type():
+        if scaling is not None:
+            config.model.rope.scaling = ml_collections.ConfigDict(scaling)
+        if max_position_embeddings is not None:
+            config.model.rope.max_position_embeddings = max_position_embeddings
+    return config
+
+
 def check_existing(path: str, settings: dict, overwrite: bool) -> None:
     """Refuses (one line) to replace `path` if it was made with other settings."""
     if overwrite or not os.path.exists(path):
@@ -106,8 +128,9 @@ def check_existing(path: str, settings: dict, overwrite: bool) -> None:
             old = saved_settings(json.load(f))
     except (OSError, ValueError, AttributeError):
         return  # unreadable: nothing worth keeping
+    always = ("rope_scaling", "max_position_embeddings")  # None there is a setting too
     diffs = [f"{k}: {old.get(k)!r} -> {v!r}" for k, v in settings.items()
-             if old.get(k) is not None and old.get(k) != v]  # fmt: skip
+             if (old.get(k) is not None or k in always) and old.get(k) != v]  # fmt: skip
     if diffs:
         raise ValueError(
             f"{path} exists and was made with other settings ({'; '.join(diffs)}): pass "
@@ -126,13 +149,20 @@ def evaluate_checkpoint(
     fallback: bool = False,
     tag: str = "",
     overwrite: bool = False,
+    rope_scaling: dict | None = None,
+    max_position_embeddings: int | None = None,
 ) -> dict:
     """Restores a checkpoint into an abstract target and evaluates it; writes JSON.
+
+    `rope_scaling` (a dict of rope_parameters keys) evaluates under another context-
+    scaling rule than training used; `max_position_embeddings` likewise.
 
     The file (`eval_path`) also records the settings; the returned dict is the same
     without them.
     """
-    config = checkpoint.load_config(workdir)
+    config = with_rope_scaling(
+        checkpoint.load_config(workdir), rope_scaling, max_position_embeddings
+    )
     seq_lens = [int(t) for t in seq_lens] or [config.data.seq_len, *config.eval.seq_lens]
     if any(t <= 0 for t in seq_lens):
         raise ValueError(f"--seq_lens={seq_lens} must be positive")
@@ -140,7 +170,8 @@ def evaluate_checkpoint(
     splits = list(config.eval.get("splits", ()) if splits is None else splits)
     num_batches = config.eval.num_batches if num_batches is None else num_batches
     settings = {"seq_lens": seq_lens, "split": split, "splits": splits,
-                "num_batches": num_batches}  # fmt: skip
+                "num_batches": num_batches, "rope_scaling": rope_scaling,
+                "max_position_embeddings": max_position_embeddings}  # fmt: skip
     eval_path(workdir, 0, tag)  # a bad tag fails now
     workdir_lib.check_writable(workdir)
     if step is not None or not fallback:
