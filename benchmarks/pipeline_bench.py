@@ -37,7 +37,7 @@ def measure_pipeline(config, *, steps: int, rounds: int = 2) -> dict:
     from rope_jax import data, harness, sharding
 
     run = harness.build(config)
-    data.prepare(config.data)
+    data.ensure_built(config.data)
     it = data.make_train_iterator(config.data, seed=0, batch_size=config.data.global_batch_size)
     log_every = config.train.log_every_steps
     with sharding.use_mesh(run.mesh, run.rules):

@@ -36,5 +36,5 @@ def data_dir(tmp_path_factory):
     with no_network():
         for name in (*data.CORPORA, "digit_grids"):
             config.name = name
-            data.prepare(config)
+            data.ensure_built(config)
     return path

@@ -295,7 +295,7 @@ def test_missing_tfds_dataset_fails_fast(tmp_path):
 def test_unknown_dataset_name_is_one_clear_line(tmp_path):
     cfg = _config(name="no_such_corpus_xyz", data_dir=str(tmp_path))
     with pytest.raises(data.DataSourceError, match="no_such_corpus_xyz") as err:
-        data.prepare(cfg)
+        data.ensure_built(cfg)
     assert "\n" not in str(err.value) and "shakespeare" in str(err.value)
 
 

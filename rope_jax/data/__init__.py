@@ -1,7 +1,7 @@
 """Data: byte tokenizer, TFDS builders and Grain pipelines (no TensorFlow).
 
   from rope_jax import data
-  data.prepare(config.data)                      # build shipped corpora if needed
+  data.ensure_built(config.data)                 # build shipped corpora if needed
   kind = data.kind(config.data)                  # Text or Multimodal: axes, tasks, checks
   it = data.make_train_iterator(config.data, seed=0, batch_size=32)
   batch = next(it)                               # {"inputs", "targets", "weights"}
@@ -45,10 +45,10 @@ from rope_jax.data.kinds import (
     Multimodal,
     Text,
     check_scheme,
+    ensure_built,
     kind,
     make_eval_iterator,
     make_train_iterator,
-    prepare,
 )
 from rope_jax.data.pipeline import Windows
 from rope_jax.data.sources import DataSourceError, documents, token_stream
@@ -95,6 +95,6 @@ __all__ = [
     "make_eval_iterator",
     "make_train_iterator",
     "multimodal",
-    "prepare",
+    "ensure_built",
     "token_stream",
 ]

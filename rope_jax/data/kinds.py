@@ -108,7 +108,7 @@ def check_scheme(data_config) -> None:
         raise ValueError(f"data.scheme={scheme!r} is not one of {', '.join(layouts.SCHEMES)}")
 
 
-def prepare(data_config) -> None:
+def ensure_built(data_config) -> None:
     """Builds a shipped corpus or the digits if needed; checks any other source is usable."""
     kind(data_config).prepare()
 

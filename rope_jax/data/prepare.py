@@ -43,7 +43,6 @@ import shlex
 import shutil
 import sys
 import time
-import types
 from collections import deque
 from collections.abc import Callable, Iterator
 
@@ -935,20 +934,6 @@ def main(argv=None) -> None:
     except KeyboardInterrupt:
         sys.exit("interrupted; run the same command again to resume")
     print(os.path.join(os.path.expanduser(args.data_dir), args.name))
-
-
-class _CallableModule(types.ModuleType):
-    """Importing this module sets the package attribute `rope_jax.data.prepare`, which
-    `rope_jax/data/__init__.py` already binds to `kinds.prepare` (build the data a config
-    names). Calling the module keeps `data.prepare(config)` working after the import."""
-
-    def __call__(self, data_config) -> None:
-        from rope_jax.data import kinds
-
-        kinds.prepare(data_config)
-
-
-sys.modules[__name__].__class__ = _CallableModule
 
 
 if __name__ == "__main__":

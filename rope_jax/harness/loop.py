@@ -124,7 +124,7 @@ def _train(config, workdir, stop, fallback, allow_config_change):
     workdir_lib.check_writable(workdir)
     run = setup.build(config)
     changes = checkpoint.check_resume(workdir, config, allow_change=allow_config_change)
-    data.prepare(config.data)
+    data.ensure_built(config.data)
     train_iter = data.make_train_iterator(
         config.data,
         seed=config.seed,
