@@ -671,6 +671,7 @@ def test_sweep_rows(video):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def _logits_for(predicted, vocab):
     """Logits whose argmax is `predicted` [B, T] (a clear margin)."""
     b, t = predicted.shape

@@ -260,6 +260,7 @@ def small_model_config(**overrides):
     return cfg
 
 
+@pytest.mark.slow
 def _attn_out(block, x, positions):
     return np.asarray(block.attn(x, positions))
 
@@ -382,6 +383,7 @@ def test_config_errors_are_one_line_naming_the_field(overrides, message):
     assert re.match(message, text), text
 
 
+@pytest.mark.slow
 def test_config_placeholders_take_their_type_and_the_command_line():
     cfg = common.base_config("tiny")
     cfg.update_from_flattened_dict({"model.rope.scaling.factor": 4})
