@@ -1,15 +1,30 @@
 """Shared fixtures: one offline TFDS data dir per session with every shipped dataset.
 
 Tests marked `slow` (end-to-end training, subprocesses, sweeps) are left out of the
-quick loop: `python -m pytest -m "not slow"`.
+quick loop: `python -m pytest -m "not slow"`. So are the cases of a parametrized test
+past its first QUICK_CASES: the quick loop runs every test, the full suite every case.
 """
 
+import collections
 import contextlib
 import socket
 
 import pytest
 
 from rope_jax import data
+
+QUICK_CASES = 2
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Marks the cases of each parametrized test past the first QUICK_CASES `slow`."""
+    seen = collections.Counter()
+    for item in items:
+        if hasattr(item, "callspec"):
+            seen[(item.path, item.originalname)] += 1
+            if seen[(item.path, item.originalname)] > QUICK_CASES:
+                item.add_marker(pytest.mark.slow)
 
 
 @contextlib.contextmanager

@@ -136,3 +136,11 @@ def test_command_in_suptitle():
         '--segments="text:4,image:3x5,text:3" '
         "--out=results/layouts.png"
     )
+
+
+def test_a_sequence_too_long_to_draw_is_refused_at_once(tmp_path):
+    """~100k tokens: one line before any drawing (the old path ran for minutes)."""
+    segments = "text:50000,image:200x200,text:10000"
+    with pytest.raises(SystemExit, match="plot_layout draws at most 2,000"):
+        plot_layout.main(["--scheme=all", f"--segments={segments}", f"--out={tmp_path}/x.png"])
+    assert not (tmp_path / "x.png").exists()

@@ -106,6 +106,45 @@ def test_one_seed_table_says_std_is_na_and_rows_outside_the_article_get_a_dash(t
     assert (tmp_path / "one_seed.png").stat().st_size > 10_000
 
 
+def test_plots_give_up_to_twenty_rows_distinct_colours_and_one_seed_no_error_bars(monkeypatch):
+    for n in (3, 10, 12, 16, 20):
+        assert len(set(report_lib.row_colours(n))) == n
+    calls = {}
+    import matplotlib.axes
+
+    real_bar = matplotlib.axes.Axes.bar
+
+    def bar(self, *args, **kwargs):
+        calls.update(yerr=kwargs.get("yerr"))
+        return real_bar(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "bar", bar)
+    run = lambda loss: {"loss": {"8": loss}, "eval_curve": [[1, loss]]}  # noqa: E731
+    for seeds, expect_bars in (([0], False), ([0, 1], True)):
+        report = {"config": "c", "seeds": seeds, "seq_lens": ["8"], "article_loss": None,
+                  "rows": {r: {"overrides": {}, "runs": [run(v + 0.1 * s) for s in seeds]}
+                           for r, v in (("a", 1.0), ("b", 2.0))}}  # fmt: skip
+        report_lib.plot(report, "/dev/null")
+        assert (calls["yerr"] is not None) == expect_bars
+
+
+def test_results_of_another_plan_are_never_overwritten(tmp_path):
+    """The sweep refuses before running anything; --overwrite replaces."""
+    Job = plan.Job
+    runs = [Job("qk", 0, "w", [], 10, [8], ())]
+    context = {"overrides": {"qk": {"model.rope.sites": "qk"}}, "seeds": [0],
+               "settings": {"train.num_steps": 10}}  # fmt: skip
+    results = str(tmp_path / "table")
+    sweep.check_results(results, runs, context)  # nothing there yet
+    saved = {"rows": {"qk": {"overrides": {"model.rope.sites": "qk"}}}, "seeds": [0],
+             "settings": {"train.num_steps": 10}}  # fmt: skip
+    (tmp_path / "table.json").write_text(json.dumps(saved))
+    sweep.check_results(results, runs, context)  # the same plan again: fine
+    other = dict(context, seeds=[0, 1], settings={"train.num_steps": 2})
+    with pytest.raises(plan.SweepError, match=r"another plan \(different seeds, settings\)"):
+        sweep.check_results(results, runs, other)
+
+
 def _main(argv, capsys, monkeypatch=None):
     """sweep.main in-process: (exit message or None, stdout, stderr, seconds)."""
     if monkeypatch:  # for the runs it launches; this process's backend starts unchanged first

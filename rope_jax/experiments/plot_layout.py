@@ -180,11 +180,20 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
+# Every token is a labelled marker: past this the picture is unreadable and slow to draw.
+MAX_TOKENS = 2000
+
+
 def check_args(args) -> tuple[list, list[str], int]:
     """(segments, schemes, num_axes) from the CLI strings; ValueError naming the bad one."""
     segments = layouts.parse_segments(args.segments)
     if not segments:
         raise ValueError(f"--segments is empty ({args.segments!r}); e.g. text:4,image:3x5")
+    count = layouts.num_tokens(segments)
+    if count > MAX_TOKENS:
+        raise ValueError(f"--segments has {count:,} tokens and patches; plot_layout draws at "
+                         f"most {MAX_TOKENS:,} (one labelled marker each): draw a shorter "
+                         "sequence")  # fmt: skip
     names = [s.strip() for s in args.scheme.split(",")]
     schemes = list(layouts.SCHEMES) if names == ["all"] else list(dict.fromkeys(names))
     for s in schemes:

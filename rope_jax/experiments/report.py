@@ -137,6 +137,18 @@ def pair_lines(pairs: list[dict], relation: str, digits: int) -> list[str]:
     return out
 
 
+def row_colours(n: int) -> list:
+    """n distinct colours: tab10 up to 10 rows, tab20 (paired hues) up to 20, then a
+    continuous map."""
+    import matplotlib
+
+    if n <= 10:
+        return [matplotlib.colormaps["tab10"](i) for i in range(n)]
+    if n <= 20:
+        return [matplotlib.colormaps["tab20"](i) for i in range(n)]
+    return [matplotlib.colormaps["turbo"](i / max(n - 1, 1)) for i in range(n)]
+
+
 def plot(report: dict, path: str) -> None:
     """Left: mean loss @T with std bars, sorted; right: validation curves (mean over seeds)."""
     import matplotlib
@@ -147,18 +159,24 @@ def plot(report: dict, path: str) -> None:
     rows, t = summarize(report), report["seq_lens"][0]
     fig, (bars, curves) = plt.subplots(1, 2, figsize=(12, 4.5))
     means, errs = [r["stats"][t][0] for r in rows], [r["stats"][t][1] or 0.0 for r in rows]
-    bars.bar([r["name"] for r in rows], means, yerr=errs, capsize=4, color="tab:blue")
+    one_seed = len(report["seeds"]) < 2  # no spread to draw: bars without error bars
+    colours = row_colours(len(rows))
+    bars.bar([r["name"] for r in rows], means, yerr=None if one_seed else errs, capsize=4,
+             color=colours)  # fmt: skip
     low = min(m - e for m, e in zip(means, errs, strict=True))
     high = max(m + e for m, e in zip(means, errs, strict=True))
     pad = max(high - low, 1e-3) * 0.5  # zoom in: the differences are small
+    title = (
+        "one seed (no error bars)" if one_seed else f"mean ± std over {len(report['seeds'])} seeds"
+    )
     bars.set(ylim=(low - pad, high + pad), ylabel=f"held-out loss @T={t} (nats/token)",
-             title=f"mean ± std over {len(report['seeds'])} seed(s)")  # fmt: skip
+             title=title)  # fmt: skip
     bars.tick_params(axis="x", labelrotation=30, labelsize=8)
-    for r in rows:
+    for colour, r in zip(colours, rows, strict=True):
         runs = [dict(run["eval_curve"]) for run in report["rows"][r["name"]]["runs"]]
         steps = sorted(set.intersection(*(set(c) for c in runs)))
         vals = [sum(c[s] for c in runs) / len(runs) for s in steps]
-        curves.plot(steps, vals, marker=".", label=r["name"])
+        curves.plot(steps, vals, marker=".", label=r["name"], color=colour)
     curves.set(xlabel="step", ylabel="validation loss (mean over seeds)",
                title="validation loss during training")  # fmt: skip
     curves.legend(fontsize=8)

@@ -17,6 +17,7 @@ render_markdown(json) rebuilds the table).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -24,6 +25,35 @@ import sys
 from rope_jax.experiments.launch import run_all
 from rope_jax.experiments.plan import SweepError, plan, status
 from rope_jax.experiments.report import write_report
+
+
+def plan_of(rows: dict, seeds, settings: dict) -> dict:
+    """What a results file was made by: rows with their overrides, seeds, settings."""
+    return {"rows": {r: dict(o) for r, o in rows.items()}, "seeds": list(seeds),
+            "settings": dict(settings)}  # fmt: skip
+
+
+def check_results(results: str, runs, context: dict) -> None:
+    """Refuses (one line) to write over <results>.json made by a different plan."""
+    path = results + ".json"
+    if not os.path.exists(path):
+        return
+    try:
+        with open(path) as f:
+            old = json.load(f)
+        old_plan = plan_of({r: v["overrides"] for r, v in old["rows"].items()}, old["seeds"],
+                           old["settings"])  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError):
+        raise SweepError(f"{path} exists and is not a sweep report: choose another "
+                         "--results or pass --overwrite") from None  # fmt: skip
+    rows = {run.row: context["overrides"][run.row] for run in runs}
+    new_plan = plan_of(rows, context["seeds"], context["settings"])
+    changed = [key for key in new_plan if json.dumps(new_plan[key], sort_keys=True)
+               != json.dumps(old_plan[key], sort_keys=True)]  # fmt: skip
+    if changed:
+        raise SweepError(f"{path} holds results of another plan (different "
+                         f"{', '.join(changed)}): choose another --results, or pass "
+                         "--overwrite to replace them")  # fmt: skip
 
 
 def parse_args(argv):
@@ -36,6 +66,8 @@ def parse_args(argv):
     p.add_argument("--dry_run", action="store_true", help="list the runs and their status only")
     p.add_argument("--results", default="", help="output prefix (default: <workdir>/results)")
     p.add_argument("--extrapolate", default="2,4", help="extra eval lengths as multiples of T")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace <results>.* even if they were made by another plan")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every run; repeatable or comma-separated")  # fmt: skip
     return p.parse_args(argv)
@@ -54,8 +86,10 @@ def main(argv=None) -> None:
             counts = [sum(status(r) == s for r in runs) for s in ("done", "partial", "new")]
             print("{} runs: {} done, {} partial, {} new".format(len(runs), *counts))
             return
-        run_all(runs, args.workdir)
         results = args.results or os.path.join(args.workdir, "results")
+        if not args.overwrite:
+            check_results(results, runs, context)  # before any run: nothing is lost
+        run_all(runs, args.workdir)
         write_report(runs, context, argv, results)
         print(f"wrote {results}.md, {results}.png, {results}.json")
     except SweepError as e:
