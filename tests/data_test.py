@@ -306,3 +306,13 @@ def test_bad_arguments_name_the_field(data_dir):
     with pytest.raises(ValueError, match="batch_size"):
         data.make_eval_iterator(_config(data_dir=data_dir), split="test", batch_size=0)
     assert isinstance(sources.describe(cfg), str)
+
+
+def test_a_binary_file_is_a_warning_with_the_count_of_replaced_bytes(tmp_path):
+    path = tmp_path / "a.txt"
+    path.write_bytes(b"plain text \xff\xfe more\n" * 3 + "ok \ufffd\n".encode())
+    config = data.default_config()
+    config.files = str(path)
+    with pytest.warns(UserWarning, match=r"a\.txt is not valid UTF-8.*: 6 invalid byte"):
+        docs = data.documents(config, "train")
+    assert "\ufffd" in b"".join(docs).decode()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import warnings
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -100,10 +101,24 @@ def _file_documents(pattern: str, split: str) -> list[bytes]:
     return documents
 
 
+_WARNED: set[str] = set()  # files already reported as not UTF-8
+
+
 def _read_bytes(path: str) -> bytes:
-    """File contents as UTF-8 (invalid bytes replaced, so decode() round-trips)."""
+    """File contents as UTF-8 (invalid bytes replaced, so decode() round-trips); a file
+    that is not valid UTF-8 (binary) is a warning, once, with the count of replaced bytes."""
     with open(path, "rb") as f:
-        return f.read().decode("utf-8", errors="replace").encode("utf-8")
+        raw = f.read()
+    try:
+        return raw.decode("utf-8").encode("utf-8")
+    except UnicodeDecodeError:
+        text = raw.decode("utf-8", errors="replace")
+    replaced = text.count("\ufffd") - raw.count("\ufffd".encode())
+    if path not in _WARNED:
+        _WARNED.add(path)
+        warnings.warn(f"{path} is not valid UTF-8 (binary?): {replaced:,} invalid byte "
+                      "sequence(s) replaced by U+FFFD", stacklevel=2)  # fmt: skip
+    return text.encode("utf-8")
 
 
 # ------------------------------------------------------------------------------- TFDS
