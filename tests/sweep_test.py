@@ -349,3 +349,31 @@ def test_plan_records_each_rows_kv_cache_bytes():
     assert kv["qk"] == 2 * kv["tied_qkvo"] == 2 * kv["separate_qk_cache"]
     tiny = common.SIZES["tiny"]
     assert kv["qk"] == tiny["num_layers"] * tiny["num_kv_heads"] * tiny["head_dim"] * 2 * 4
+
+
+def test_killing_the_sweep_outright_ends_its_child(tmp_path):
+    """kill -9 of the sweep: its running child gets SIGTERM (train.py then saves and exits),
+    so no orphan keeps writing and a rerun finds the workdir free."""
+    child = (
+        "import os, signal, sys, time\n"
+        f"def term(*_):\n    open({str(tmp_path / 'term')!r}, 'w').close(); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, term)\n"
+        f"open({str(tmp_path / 'pid')!r}, 'w').write(str(os.getpid()))\n"
+        "time.sleep(120)\n"
+    )
+    sweep_like = (
+        f"import os, sys\nsys.path.insert(0, {ROOT!r})\n"
+        "from rope_jax.experiments import launch\n"
+        f"launch.launch([sys.executable, '-c', {child!r}], {str(tmp_path / 'log')!r}, "
+        "dict(os.environ))\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", sweep_like])
+    deadline = time.time() + 60
+    while not (tmp_path / "pid").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    parent.kill()  # SIGKILL: the sweep cannot forward anything itself
+    parent.wait()
+    deadline = time.time() + 20
+    while not (tmp_path / "term").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert (tmp_path / "term").exists(), "the child did not get SIGTERM when the sweep died"

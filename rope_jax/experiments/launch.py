@@ -8,6 +8,8 @@ SIGTERM to the child so train.py saves before exiting.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import datetime
 import os
 import shlex
@@ -26,14 +28,25 @@ def latest_checkpoint(workdir: str) -> int | None:
     return max((int(d) for d in steps if d.isdigit()), default=None)
 
 
+def _end_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the sweep dies, even by kill -9 (Linux
+    prctl PR_SET_PDEATHSIG), so train.py saves and exits instead of running on."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: Ctrl-C / SIGTERM still reach the child
+        pass
+
+
 def launch(cmd: list, log_path: str, env: dict) -> None:
     """Runs `cmd` from the repo root into `log_path`. Ctrl-C reaches only the sweep (the
-    child is in a new process group), which sends SIGTERM: train.py saves a checkpoint."""
+    child is in a new process group), which sends SIGTERM: train.py saves a checkpoint.
+    If the sweep is killed outright the child gets SIGTERM too (`_end_with_parent`)."""
     with open(log_path, "a") as log:
         log.write(f"\n=== {datetime.datetime.now():%Y-%m-%d %H:%M:%S} {shlex.join(cmd)}\n")
         log.flush()
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip
+                                start_new_session=True, preexec_fn=_end_with_parent)  # fmt: skip
         try:
             rc = proc.wait()
         except KeyboardInterrupt:
