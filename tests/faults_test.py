@@ -605,7 +605,8 @@ def test_eval_never_overwrites_results_made_with_other_settings(saved, tmp_path)
     path = os.path.join(workdir, "eval_20.json")
     saved = json.load(open(path))
     assert saved["settings"] == {"seq_lens": [32], "split": "validation", "splits": [],
-                                 "num_batches": 1}  # fmt: skip
+                                 "num_batches": 1, "rope_scaling": None,
+                                 "max_position_embeddings": None}  # fmt: skip
     assert eval_lib.evaluate_checkpoint(workdir, num_batches=1) == first  # same: may rewrite
     start_time = time.time()
     with pytest.raises(ValueError) as info:
