@@ -28,14 +28,19 @@ def latest_checkpoint(workdir: str) -> int | None:
     return max((int(d) for d in steps if d.isdigit()), default=None)
 
 
-def _end_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the sweep dies, even by kill -9 (Linux
-    prctl PR_SET_PDEATHSIG), so train.py saves and exits instead of running on."""
+def _prctl():
+    """libc's prctl, looked up in the parent (the child runs no loader code between fork
+    and exec); None where there is none (not Linux)."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: Ctrl-C / SIGTERM still reach the child
-        pass
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _end_with_parent(prctl):
+    """A preexec_fn: the child gets SIGTERM when the sweep dies, even by kill -9 (Linux
+    PR_SET_PDEATHSIG = 1), so train.py saves and exits instead of running on."""
+    return None if prctl is None else (lambda: prctl(1, signal.SIGTERM))
 
 
 def launch(cmd: list, log_path: str, env: dict) -> None:
@@ -46,7 +51,8 @@ def launch(cmd: list, log_path: str, env: dict) -> None:
         log.write(f"\n=== {datetime.datetime.now():%Y-%m-%d %H:%M:%S} {shlex.join(cmd)}\n")
         log.flush()
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, preexec_fn=_end_with_parent)  # fmt: skip
+                                start_new_session=True,
+                                preexec_fn=_end_with_parent(_prctl()))  # fmt: skip
         try:
             rc = proc.wait()
         except KeyboardInterrupt:
