@@ -168,7 +168,6 @@ def test_greedy_generate_equals_naive_greedy(kv, sites):
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_greedy_generate_after_a_visual_prompt_end():
     prompt = PROMPTS["text-video"]
     model = mm_model()
@@ -185,6 +184,7 @@ def test_greedy_generate_after_a_visual_prompt_end():
     np.testing.assert_array_equal(np.asarray(new), np.asarray(expected))
 
 
+@pytest.mark.slow
 def test_sampling_is_seeded():
     model = model_lib.Decoder(cfg(), rngs=nnx.Rngs(8))
     prompt = tokens(9, 4)

@@ -670,8 +670,6 @@ def test_sweep_rows(video):
 # ------------------------------------------------------------------------------ metrics
 
 
-@pytest.mark.slow
-@pytest.mark.slow
 def _logits_for(predicted, vocab):
     """Logits whose argmax is `predicted` [B, T] (a clear margin)."""
     b, t = predicted.shape
@@ -680,6 +678,7 @@ def _logits_for(predicted, vocab):
     return logits
 
 
+@pytest.mark.slow
 def test_eval_sums_and_summarize_by_hand():
     v = 5
     targets = np.array(

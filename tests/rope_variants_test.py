@@ -260,11 +260,11 @@ def small_model_config(**overrides):
     return cfg
 
 
-@pytest.mark.slow
 def _attn_out(block, x, positions):
     return np.asarray(block.attn(x, positions))
 
 
+@pytest.mark.slow
 def test_nope_every_makes_every_kth_layer_position_free():
     x = jnp.asarray(_normal((2, T, 32)))
     pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.float32), (2, T))[..., None]
@@ -383,7 +383,6 @@ def test_config_errors_are_one_line_naming_the_field(overrides, message):
     assert re.match(message, text), text
 
 
-@pytest.mark.slow
 def test_config_placeholders_take_their_type_and_the_command_line():
     cfg = common.base_config("tiny")
     cfg.update_from_flattened_dict({"model.rope.scaling.factor": 4})
@@ -403,6 +402,7 @@ def test_config_placeholders_take_their_type_and_the_command_line():
     assert out.stdout.split() == ["4.0", "False", "4"]
 
 
+@pytest.mark.slow
 def test_a_saved_scaled_config_loads_and_builds_the_same_model(tmp_path):
     config = common.base_config("tiny")
     config.model.update_from_flattened_dict(
