@@ -65,7 +65,9 @@ def base_config(size: str) -> ml_collections.ConfigDict:
     c.seed = 0  # one seed for init and data order
 
     c.model = ml_collections.ConfigDict()
-    c.model.vocab_size = 259  # byte tokens (256) + PAD, BOS, EOS (rope_jax.data.VOCAB_SIZE)
+    # V: the data's tokenizer decides it; 259 (256 bytes + PAD, BOS, EOS) follows a
+    # subword tokenizer's size, any other value must equal it
+    c.model.vocab_size = 259
     c.model.num_layers = preset["num_layers"]  # decoder blocks
     c.model.embed_dim = preset["embed_dim"]  # D, residual width
     c.model.num_heads = preset["num_heads"]  # N, query heads
@@ -121,9 +123,15 @@ def base_config(size: str) -> ml_collections.ConfigDict:
     c.model.rope.global_every = 0  # g > 0: layers g-1, 2g-1, ... global (base), others local_base
 
     c.data = ml_collections.ConfigDict()
-    c.data.name = "shakespeare"  # shakespeare | python_stdlib | any TFDS text dataset
+    c.data.name = "shakespeare"  # shakespeare | python_stdlib | a prepared dataset | TFDS name
     c.data.files = ""  # glob of local text files; when set, replaces name
-    c.data.data_dir = ""  # TFDS data dir; "" = the TFDS default (~/tensorflow_datasets)
+    c.data.data_dir = ""  # TFDS / prepared data dir; "" = the TFDS default (~/tensorflow_datasets)
+    # tokenizer: "" = the data's own (bytes for raw text, the stored one of a prepared
+    # dataset) | bytes | train:VOCAB (a BPE trained on the train split) | path to a
+    # SentencePiece .model or HF tokenizer.json; not bytes on a shipped corpus or
+    # data.files: prepared once into <data_dir>/prepared/ (python -m rope_jax.data.prepare)
+    c.data.tokenizer = ""
+    c.data.packing = "stream"  # stream | documents (positions restart, attention per document)
     c.data.text_key = "text"  # feature holding the text in other TFDS datasets
     c.data.train_split = "train"  # split to train on
     c.data.eval_split = "validation"  # held-out split evaluated during training

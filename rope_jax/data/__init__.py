@@ -12,7 +12,9 @@
 
 `config.data` fields (an ml_collections ConfigDict; see `default_config`):
   name:          "shakespeare" | "python_stdlib" (built on first use from files that
-                 ship with the installed packages) | any TFDS dataset name, which must
+                 ship with the installed packages) | a dataset prepared by
+                 `python -m rope_jax.data.prepare` under data_dir (read from its shards
+                 by random access, never loaded) | any TFDS dataset name, which must
                  already be on disk as array_record under data_dir (never downloaded).
   files:         glob of local UTF-8 text files ("" = unused); when set it replaces
                  `name`. 3+ files are split by file (5% validation, 5% test, at least
@@ -24,6 +26,12 @@
   eval_split:    split used for held-out evaluation ("validation").
   max_documents: read at most this many documents per split (0 = all); bounds memory
                  and start-up time for large TFDS datasets.
+  tokenizer:     "" (the data's own: bytes, or a prepared dataset's) | "bytes" |
+                 "train:VOCAB" | path to a SentencePiece .model / HF tokenizer.json.
+                 Other than bytes on a shipped corpus or `files`, the corpus is prepared
+                 once into <data_dir>/prepared/ and read from shards (`prepared`).
+  packing:       "stream" | "documents" (positions restart and attention stays inside
+                 each document; batches add `segments` and `positions`; `packing`).
   scheme:        multimodal layout placing patches (`rope_jax.layouts.SCHEMES`); text
                  positions are the same in every scheme.
 
@@ -43,6 +51,7 @@ from rope_jax.data.corpora import CORPORA, RopePythonStdlib, RopeShakespeare
 from rope_jax.data.digits import RopeDigits
 from rope_jax.data.kinds import (
     Multimodal,
+    Prepared,
     Text,
     check_scheme,
     ensure_built,
@@ -69,6 +78,8 @@ def default_config() -> ml_collections.ConfigDict:
             "max_documents": 0,  # documents read per split; 0 = all
             "tasks": (),  # multimodal tasks; () = all of the dataset's
             "scheme": "flat",  # multimodal layout (rope_jax.layouts.SCHEMES)
+            "tokenizer": "",  # "" = the data's own; bytes | train:VOCAB | file path
+            "packing": "stream",  # stream | documents
         }
     )
 
@@ -80,6 +91,7 @@ __all__ = [
     "EOS_ID",
     "Multimodal",
     "PAD_ID",
+    "Prepared",
     "RopeDigits",
     "RopePythonStdlib",
     "RopeShakespeare",

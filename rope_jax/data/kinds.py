@@ -3,11 +3,18 @@
 `kind(config.data)` is the one switch between the two kinds of input this project
 trains on:
 
-  Text        a byte-level corpus (shipped, TFDS, or local files): next-token windows;
-              one position axis; no extra batch fields.
+  Text        a byte-level corpus (shipped, TFDS, or local files) held in memory:
+              next-token windows; one position axis.
+  Prepared    a corpus prepared by `python -m rope_jax.data.prepare` (or prepared on
+              first use: a shipped corpus or `data.files` with a `data.tokenizer`),
+              read window by window from its shards, with the dataset's tokenizer.
   Multimodal  question-answer sequences over digit grids (`multimodal.FAMILIES`):
               batches add `patches`, `is_patch`, `positions` (placed by the layout
               scheme `data.scheme`) and `task`; 2 or 3 position axes.
+
+Text and Prepared batches are alike: inputs, targets, weights; `target_bytes` in
+evaluation (bits per byte); segments and positions with `data.packing='documents'`.
+Every kind has a `tokenizer()` and its `vocab_size`, which the model's must equal.
 
 Everything else (the harness, the iterators, preparation) asks the kind object.
 """
@@ -17,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from rope_jax import layouts
-from rope_jax.data import digits, multimodal, pipeline, sources
+from rope_jax.data import digits, multimodal, packing, pipeline, prepared, sources, tokenizers
 
 
 class Text:
@@ -31,11 +38,19 @@ class Text:
     num_axes = 1
     task_names = ()
 
+    def tokenizer(self) -> tokenizers.Tokenizer:
+        return tokenizers.ByteTokenizer()
+
+    @property
+    def vocab_size(self) -> int:
+        return tokenizers.ByteTokenizer.vocab_size
+
     def batch_fields(self) -> dict:
-        return {}
+        return packing.batch_fields(self.config)
 
     def check(self, model_config, eval_splits=()) -> None:
-        """Text has nothing to check against the model before its corpus is read."""
+        """Only the packing mode: the corpus is read later."""
+        packing.check(self.config, text=True)
 
     def prepare(self) -> None:
         sources.prepare(self.config)
@@ -54,6 +69,47 @@ class Text:
                                            shard=shard)  # fmt: skip
 
 
+class Prepared(Text):
+    """A prepared corpus at `path` (DIR/NAME): shards read by random access."""
+
+    name = "prepared"
+
+    def __init__(self, data_config, path: str):
+        self.config, self.path = data_config, path
+
+    def tokenizer(self) -> tokenizers.Tokenizer:
+        return prepared.tokenizer(self.path)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(prepared.metadata(self.path)["tokenizer"]["vocab_size"])
+
+    def check(self, model_config, eval_splits=()) -> None:
+        """Packing, and for a dataset already prepared its tokenizer and splits."""
+        packing.check(self.config, text=True)
+        if prepared.auto_source(self.config) is None:
+            prepared.check_tokenizer(self.config, self.path)
+            c = self.config
+            prepared.check_splits(self.path, [c.get("train_split", None) or "train",
+                                              c.get("eval_split", None) or "validation",
+                                              *eval_splits])  # fmt: skip
+
+    def prepare(self) -> None:
+        prepared.ensure_prepared(self.config)
+
+    def train_iterator(self, *, seed, batch_size, shard):
+        return prepared.train_iterator(self.config, self.path, seed=seed,
+                                       batch_size=batch_size, shard=shard)  # fmt: skip
+
+    def eval_iterator(self, *, split, batch_size, seq_len, num_batches, shard):
+        seq_len = _positive_int(seq_len or self.config.get("seq_len", None), "seq_len")
+        if num_batches is not None:
+            num_batches = _positive_int(num_batches, "num_batches")
+        return prepared.eval_iterator(self.config, self.path, split=split,
+                                      batch_size=batch_size, seq_len=seq_len,
+                                      num_batches=num_batches, shard=shard)  # fmt: skip
+
+
 class Multimodal:
     """Digit-grid questions (`multimodal.FAMILIES`): A from the family, tasks, patches."""
 
@@ -68,10 +124,16 @@ class Multimodal:
     def task_names(self) -> tuple:
         return multimodal.tasks(self.config)
 
+    def tokenizer(self) -> tokenizers.Tokenizer:
+        return tokenizers.ByteTokenizer()
+
+    vocab_size = tokenizers.ByteTokenizer.vocab_size
+
     def batch_fields(self) -> dict:
         return multimodal.batch_fields(self.config)
 
     def check(self, model_config, eval_splits=()) -> None:
+        packing.check(self.config, text=False)
         multimodal.check_config(self.config, model_config, eval_splits)
 
     def prepare(self) -> None:
@@ -94,11 +156,18 @@ class Multimodal:
         )
 
 
-def kind(data_config) -> Text | Multimodal:
-    """The kind of data `config.data` names: a multimodal family, or else text."""
+def kind(data_config) -> Text | Prepared | Multimodal:
+    """The kind of data `config.data` names: a multimodal family, a prepared corpus (named,
+    or a raw one with a `data.tokenizer`), or else raw byte-level text."""
     if data_config.get("name", "") in multimodal.FAMILIES and not data_config.get("files", ""):
+        if prepared.tokenizer_spec(data_config) not in ("", "bytes"):
+            raise ValueError(
+                f"data.tokenizer={prepared.tokenizer_spec(data_config)!r}: multimodal data "
+                f"{data_config.name!r} is byte-level; leave data.tokenizer empty"
+            )
         return Multimodal(data_config)
-    return Text(data_config)
+    path = prepared.dataset_path(data_config)
+    return Text(data_config) if path is None else Prepared(data_config, path)
 
 
 def check_scheme(data_config) -> None:

@@ -6,9 +6,12 @@ last T. Consecutive windows overlap by one token, so every target position
 1..N-1 of the stream is scored by exactly one window.
 
 Batch (all numpy):
-  inputs   int32   [B, T]  token ids (PAD=256 past the end of the stream)
-  targets  int32   [B, T]  inputs shifted left by one
-  weights  float32 [B, T]  1 for a real target, 0 for padding
+  inputs        int32   [B, T]  token ids (PAD=256 past the end of the stream)
+  targets       int32   [B, T]  inputs shifted left by one
+  weights       float32 [B, T]  1 for a real target, 0 for padding
+  target_bytes  int32   [B, T]  evaluation only: UTF-8 bytes of each target (1 for a
+                                byte id, 0 for EOS and padding), for bits per byte
+  segments, positions           with data.packing='documents' (`packing`)
 
 Training shuffles windows (seeded, a fresh permutation every epoch, forever) and
 drops no data but the last partial window. Evaluation walks the windows in order
@@ -21,8 +24,8 @@ from __future__ import annotations
 import grain
 import numpy as np
 
-from rope_jax.data import sources
-from rope_jax.data.tokenizer import PAD_ID
+from rope_jax.data import packing, sources
+from rope_jax.data.tokenizer import EOS_ID, PAD_ID
 
 # Batches are cut with vectorised numpy, so one worker thread plus a small buffer is
 # enough to keep the next batches ready while the accelerator runs a step.
@@ -36,10 +39,12 @@ class Windows:
     this process keeps its contiguous block of B rows, number `index`.
     """
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, shard: tuple[int, int] = (0, 1)):
+    def __init__(self, tokens: np.ndarray, seq_len: int, shard: tuple[int, int] = (0, 1), *,
+                 packing_mode: str = "stream", target_bytes: bool = False):  # fmt: skip
         self.tokens = tokens
         self.seq_len = seq_len
         self.shard = shard
+        self.packing_mode, self.target_bytes = packing_mode, target_bytes
 
     def __call__(self, indices) -> dict[str, np.ndarray]:
         index, count = self.shard
@@ -48,11 +53,16 @@ class Windows:
         pos = indices[:, None] * t + np.arange(t + 1)[None, :]  # [B, T+1]
         valid = pos < n
         window = np.where(valid, self.tokens[np.minimum(pos, n - 1)], PAD_ID).astype(np.int32)
-        return {
+        batch = {
             "inputs": np.ascontiguousarray(window[:, :-1]),
             "targets": np.ascontiguousarray(window[:, 1:]),
             "weights": valid[:, 1:].astype(np.float32),
         }
+        if self.packing_mode == "documents":
+            batch.update(packing.from_stream(batch["inputs"], valid[:, :-1], EOS_ID))
+        if self.target_bytes:
+            batch["target_bytes"] = ((batch["targets"] < 256) & valid[:, 1:]).astype(np.int32)
+        return batch
 
 
 def text_train_iterator(data_config, *, seed: int, batch_size: int, shard: tuple[int, int]):
@@ -71,7 +81,7 @@ def text_train_iterator(data_config, *, seed: int, batch_size: int, shard: tuple
         .shuffle()  # a new permutation per epoch: repeat() reseeds each epoch
         .repeat()
         .batch(batch_size * shard[1], drop_remainder=True)
-        .map(Windows(tokens, seq_len, shard))
+        .map(Windows(tokens, seq_len, shard, packing_mode=packing.mode(data_config)))
     )
     return iter(ds.to_iter_dataset(READ_OPTIONS))
 
@@ -88,7 +98,9 @@ def text_eval_iterator(data_config, *, split: str, batch_size: int, seq_len: int
     global_batch = batch_size * shard[1]
     rows = num_eval_windows(len(tokens), seq_len)
     rows = -(-rows // global_batch) * global_batch  # pad to whole batches
-    ds = grain.MapDataset.range(rows).batch(global_batch).map(Windows(tokens, seq_len, shard))
+    windows = Windows(tokens, seq_len, shard, packing_mode=packing.mode(data_config),
+                      target_bytes=True)  # fmt: skip
+    ds = grain.MapDataset.range(rows).batch(global_batch).map(windows)
     if num_batches is not None:
         ds = ds[:num_batches]
     return ds.to_iter_dataset(READ_OPTIONS)

@@ -5,6 +5,9 @@ A workdir holds:
                      done or checkpoint restored); a resume must agree on the model,
                      and on `RESUME_FIELDS` unless the change is allowed, in which
                      case the old one is kept as config.<step>.json
+  tokenizer/         the data's tokenizer, written with config.json: evaluation and
+                     generation decode with it, and data with another tokenizer is
+                     refused (a run without one was byte-level)
   checkpoints/<step>/state   model parameters + optimiser state (sharded arrays)
   checkpoints/<step>/extra   JSON: data-iterator state, step
   checkpoints/<step>/checksums.process_<i>.json   crc32 of the host bytes of every
@@ -37,9 +40,11 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from rope_jax.data import tokenizers
 from rope_jax.harness import workdir as workdir_lib
 
 CONFIG_FILE = "config.json"
+TOKENIZER_DIR = "tokenizer"
 CKPT_DIR = "checkpoints"
 DAMAGED_DIR = "damaged_checkpoints"  # where train.py --fallback moves damaged steps
 CHECKSUMS_FILE = "checksums.process_{}.json"  # one per process: its own shards
@@ -83,6 +88,40 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
     return ml_collections.ConfigDict(_upgrade(_tuples(raw)))
+
+
+def save_tokenizer(workdir: str, tok: tokenizers.Tokenizer) -> None:
+    """Writes <workdir>/tokenizer (process 0; once: a resume checked it is the same)."""
+    path = os.path.join(workdir, TOKENIZER_DIR)
+    if jax.process_index() != 0 or os.path.isdir(path):
+        return
+    tmp = f"{path}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tok.save(tmp)
+    os.replace(tmp, path)
+
+
+def load_tokenizer(workdir: str) -> tokenizers.Tokenizer:
+    """The run's tokenizer: <workdir>/tokenizer, or bytes for a run saved without one."""
+    path = os.path.join(workdir, TOKENIZER_DIR)
+    if not os.path.isdir(path):
+        return tokenizers.ByteTokenizer()
+    try:
+        return tokenizers.load(path)
+    except ValueError as e:
+        raise CheckpointError(f"the tokenizer of {workdir!r}: {e}") from None
+
+
+def check_tokenizer(workdir: str, tok: tokenizers.Tokenizer) -> None:
+    """The data's tokenizer `tok` must be the one the workdir's checkpoints were made with."""
+    if not os.path.exists(os.path.join(workdir, CONFIG_FILE)):
+        return  # nothing trained here yet
+    saved = load_tokenizer(workdir)
+    if saved.name != tok.name or saved.vocab_size != tok.vocab_size:
+        raise CheckpointError(
+            f"{workdir!r} was trained with tokenizer {saved.name} ({saved.vocab_size} ids) "
+            f"but the data's is {tok.name} ({tok.vocab_size} ids)"
+        )
 
 
 def _upgrade(raw: dict) -> dict:

@@ -21,11 +21,6 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     model.check_config(config.model, kind.num_axes, train_seq_len=config.data.seq_len)
     data.check_scheme(config.data)
     kind.check(config.model, config.eval.get("splits", ()))
-    if config.model.vocab_size < data.VOCAB_SIZE:
-        raise ValueError(
-            f"model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's "
-            f"{data.VOCAB_SIZE}"
-        )
     _positive(config, "data.seq_len", "data.global_batch_size", "train.num_steps",
               "train.log_every_steps", "eval.batch_size", "train.ckpt_keep")  # fmt: skip
     _non_negative(config, "train.eval_every_steps", "train.ckpt_every_steps",
@@ -42,6 +37,23 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     for length in config.eval.seq_lens:
         if not (isinstance(length, int) and length > 0):
             raise ValueError(f"eval.seq_lens={tuple(config.eval.seq_lens)} must be positive ints")
+
+
+def resolve_vocab(config: ml_collections.ConfigDict) -> None:
+    """Sets `model.vocab_size` from the data's tokenizer, the one model field the data
+    decides: the byte default (259) follows the tokenizer; any other value must equal
+    it. Needs the data prepared (a prepared corpus's size is in its metadata)."""
+    want = int(data.kind(config.data).vocab_size)
+    have = config.model.vocab_size
+    if have == want:
+        return
+    if have != data.VOCAB_SIZE:
+        raise ValueError(
+            f"model.vocab_size={have} does not match the tokenizer of "
+            f"{data.sources.describe(config.data)} ({want} ids); leave it at "
+            f"{data.VOCAB_SIZE} to follow the tokenizer"
+        )
+    config.model.vocab_size = want
 
 
 def check_batch_fits_mesh(config, mesh) -> None:

@@ -68,9 +68,7 @@ def check_splits(config, splits) -> None:
             config.data,
             split=split,
             batch_size=config.eval.batch_size,
-            num_batches=1,
-            process_index=jax.process_index(),
-            process_count=jax.process_count(),
+            num_batches=1,  # the whole global batch: every process decides alike
         )
         first = next(iter(batches), None)
         if first is None or not np.asarray(first["weights"]).any():
@@ -177,6 +175,8 @@ def evaluate_checkpoint(
     if step is not None or not fallback:
         step = _newest(workdir) if step is None else step
         check_existing(eval_path(workdir, step, tag), settings, overwrite)
+    data.ensure_built(config.data)
+    checkpoint.check_tokenizer(workdir, data.kind(config.data).tokenizer())
     run = setup.build(config)
     check_splits(config, [split, *splits])
     step, state = restore(workdir, run, step, fallback)
@@ -195,8 +195,20 @@ def evaluate_checkpoint(
         logging.info("step %d, split %s: %s", step, name, result[name])
     if jax.process_index() == 0:
         workdir_lib.write_atomic(path, json.dumps({**result, "settings": settings}, indent=2))
-    print(json.dumps(result, indent=2))
+    console.say(json.dumps(result, indent=2))  # process 0 only
     return result
+
+
+def _without_corpus(config):
+    """A copy of `config` that reads no corpus (generation needs only the model, whose
+    vocabulary the saved tokenizer vouches for): data as the byte default."""
+    if data.kind(config.data).name == "multimodal":
+        return config
+    config = config.copy_and_resolve_references()
+    defaults = data.default_config()
+    for key in ("name", "files", "tokenizer", "packing"):
+        config.data[key] = defaults[key]
+    return config
 
 
 def _newest(workdir: str) -> int:
@@ -220,19 +232,27 @@ def generate_text(
     seed: int = 0,
     fallback: bool = False,
 ) -> str:
-    """Restores a checkpoint and returns `prompt` + its continuation, cut at the first EOS."""
+    """Restores a checkpoint and returns `prompt` + its continuation, cut at the first EOS;
+    text is encoded and decoded with the run's own tokenizer (<workdir>/tokenizer)."""
     config = checkpoint.load_config(workdir)
-    run = setup.build(config)
+    tok = checkpoint.load_tokenizer(workdir)
+    if tok.vocab_size != config.model.vocab_size:
+        raise checkpoint.CheckpointError(
+            f"the tokenizer of {workdir!r} has {tok.vocab_size} ids, the model "
+            f"{config.model.vocab_size}"
+        )
+    run = setup.build(_without_corpus(config), vocab_from_data=False)
     step, state = restore(workdir, run, step, fallback)
     net = nnx.merge(run.graphdef, state["params"])
-    ids = data.encode(prompt) if prompt else data.encode("", eos=True)  # EOS ends a document
+    ids = tok.encode(prompt) if prompt else [tok.eos_id]  # EOS ends a document
     new = generate.generate(
-        net, ids[None], max_new_tokens=max_new_tokens, temperature=temperature, seed=seed
-    )[0]
+        net, np.asarray(ids, np.int32)[None], max_new_tokens=max_new_tokens,
+        temperature=temperature, seed=seed,
+    )[0]  # fmt: skip
     new = list(map(int, new))
-    if data.EOS_ID in new:
-        new = new[: new.index(data.EOS_ID)]
-    text = prompt + data.decode(new)
+    if tok.eos_id in new:
+        new = new[: new.index(tok.eos_id)]
+    text = prompt + tok.decode(new)
     logging.info("step %d: %d new tokens", step, len(new))
     print(text)
     return text

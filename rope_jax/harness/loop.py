@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rope_jax import data, sharding
-from rope_jax.harness import checkpoint, console, evaluate, feed, metrics, setup
+from rope_jax.harness import checkpoint, checks, console, evaluate, feed, metrics, setup
 from rope_jax.harness import workdir as workdir_lib
 
 
@@ -122,9 +122,11 @@ def train_and_evaluate(config, workdir: str, *, fallback: bool = False,
 
 def _train(config, workdir, stop, fallback, allow_config_change):
     workdir_lib.check_writable(workdir)
-    run = setup.build(config)
-    changes = checkpoint.check_resume(workdir, config, allow_change=allow_config_change)
+    checks.check_config(config)  # before the data is built or prepared
     data.ensure_built(config.data)
+    run = setup.build(config)  # model.vocab_size from the data's tokenizer
+    checkpoint.check_tokenizer(workdir, data.kind(config.data).tokenizer())
+    changes = checkpoint.check_resume(workdir, config, allow_change=allow_config_change)
     train_iter = data.make_train_iterator(
         config.data,
         seed=config.seed,
@@ -227,6 +229,7 @@ class _Session:
         kept = checkpoint.save_config(
             self.workdir, self.config, keep_old_as=step if self.changes else None
         )
+        checkpoint.save_tokenizer(self.workdir, data.kind(self.config.data).tokenizer())
         if self.changes:
             console.warn(f"config changed at step {step} ({'; '.join(self.changes)}); "
                          f"the previous config is kept in {kept}")  # fmt: skip

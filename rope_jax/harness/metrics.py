@@ -49,7 +49,8 @@ def loss_sums(logits, targets, weights) -> dict:
             "weight_sum": jnp.sum(weights)}  # fmt: skip
 
 
-def eval_sums(logits, targets, weights, task=None, *, num_tasks: int = 0) -> dict:
+def eval_sums(logits, targets, weights, task=None, *, num_tasks: int = 0,
+              target_bytes=None) -> dict:  # fmt: skip
     """Sums one evaluation batch contributes (add them over batches, then `summarize`).
 
     Args:
@@ -57,16 +58,20 @@ def eval_sums(logits, targets, weights, task=None, *, num_tasks: int = 0) -> dic
       task: int [B], the task of each row (-1 = padding row), for question-answer data
         where each row holds one question whose answer is its weighted tokens.
       num_tasks: number of task ids (static).
+      target_bytes: int [B, T], UTF-8 bytes of each target (text data), for bits/byte.
 
     Returns:
       {"loss_sum", "weight_sum", "correct_sum"} float32 scalars (correct = top-1 hit,
       weighted), plus with `task`: "answers" and "answers_correct" [num_tasks] (rows
-      with an answer; rows whose every answer token is the top-1 prediction).
+      with an answer; rows whose every answer token is the top-1 prediction), plus
+      with `target_bytes`: "byte_sum", the bytes of the scored targets.
     """
     loss_sum, weight_sum = token_losses(logits, targets, weights)
     hit = jnp.argmax(logits, axis=-1) == targets  # [B, T]
     sums = {"loss_sum": loss_sum, "weight_sum": weight_sum,
             "correct_sum": jnp.sum(hit * weights)}  # fmt: skip
+    if target_bytes is not None:
+        sums["byte_sum"] = jnp.sum(target_bytes.astype(jnp.float32) * weights)
     if task is not None:
         scored = weights > 0
         answered = jnp.any(scored, axis=-1)  # [B]
@@ -78,18 +83,22 @@ def eval_sums(logits, targets, weights, task=None, *, num_tasks: int = 0) -> dic
 
 
 def summarize(sums: dict, task_names=()) -> dict:
-    """loss (nats/token), perplexity, bits per byte (byte tokens), token count, top-1
-    accuracy; with answers: answer_accuracy (exact match per question), overall and
-    per task (`answer_accuracy/<task>`), and the number of questions."""
+    """loss (nats/token), perplexity, token count, top-1 accuracy; with byte counts
+    (text) bits_per_byte = total nats / (ln 2 x total UTF-8 bytes of the scored
+    targets), comparable across tokenizers, and bytes; with answers: answer_accuracy
+    (exact match per question), overall and per task (`answer_accuracy/<task>`), and
+    the number of questions."""
     weight_sum = float(sums["weight_sum"])
     loss = float(sums["loss_sum"]) / max(weight_sum, 1.0)
     out = {
         "loss": loss,
         "perplexity": math.exp(min(loss, 50.0)),
-        "bits_per_byte": loss / math.log(2.0),
         "tokens": int(weight_sum),
         "accuracy": float(sums.get("correct_sum", 0.0)) / max(weight_sum, 1.0),
     }
+    if float(sums.get("byte_sum", 0.0)) > 0:
+        out["bits_per_byte"] = float(sums["loss_sum"]) / (math.log(2.0) * float(sums["byte_sum"]))
+        out["bytes"] = int(sums["byte_sum"])
     if "answers" in sums:
         answers, correct = np.asarray(sums["answers"]), np.asarray(sums["answers_correct"])
         out["answer_accuracy"] = float(correct.sum() / max(answers.sum(), 1.0))

@@ -36,9 +36,13 @@ class Setup(NamedTuple):
     task_names: tuple  # question-answer tasks of multimodal data; () for text
 
 
-def build(config) -> Setup:
-    """Checks the config, then builds mesh, optimiser, abstract sharded state, steps."""
+def build(config, *, vocab_from_data: bool = True) -> Setup:
+    """Checks the config (and with `vocab_from_data` sets `model.vocab_size` from the
+    data's tokenizer: the data must be built or prepared), then builds mesh, optimiser,
+    abstract sharded state, steps."""
     checks.check_config(config)
+    if vocab_from_data:
+        checks.resolve_vocab(config)
     mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axes)
     checks.check_batch_fits_mesh(config, mesh)
     rules = sharding.axis_rules(config.mesh.logical_axis_rules)
@@ -75,7 +79,7 @@ def evaluate(run: Setup, params, config, *, split: str, seq_len: int | None = No
     batches = data.make_eval_iterator(
         config.data,
         split=split,
-        batch_size=config.eval.batch_size,
+        batch_size=config.eval.batch_size // jax.process_count(),  # global batch: eval.batch_size
         seq_len=seq_len,
         num_batches=num_batches or None,
         process_index=jax.process_index(),

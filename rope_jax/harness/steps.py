@@ -50,6 +50,7 @@ def _forward(graphdef, params, batch):
         batch.get("positions"),
         patches=batch.get("patches"),
         is_patch=batch.get("is_patch"),
+        segments=batch.get("segments"),  # packed documents (data.packing='documents')
     )
 
 
@@ -157,7 +158,8 @@ def make_eval_step(graphdef, num_tasks: int = 0):
     def eval_step(params, batch):
         logits = _forward(graphdef, params, batch)
         return metrics.eval_sums(logits, batch["targets"], batch["weights"],
-                                 batch.get("task"), num_tasks=num_tasks)  # fmt: skip
+                                 batch.get("task"), num_tasks=num_tasks,
+                                 target_bytes=batch.get("target_bytes"))  # fmt: skip
 
     return eval_step
 

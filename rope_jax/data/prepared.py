@@ -1,0 +1,330 @@
+"""Training on a prepared corpus: windows read from its ArrayRecord shards on demand.
+
+A config names a dataset made by `python -m rope_jax.data.prepare` with
+`data.name=NAME data.data_dir=DIR` (the directory DIR/NAME holds its metadata.json).
+A shipped corpus or `data.files` with a `data.tokenizer` other than bytes is prepared
+once, on first use, into DIR/prepared/<source>-<tokenizer>-<hash> (DIR = `data.data_dir`
+or the TFDS default) with the same command's code; later runs find it complete.
+
+Nothing is loaded whole: a batch reads its windows from the shards by random access
+(`shards.TokenSplit`), so resident memory does not grow with the corpus. Batches have
+the fields of the byte pipeline (`pipeline.Windows`), so a prepared corpus and a raw
+one train the same way. The tokenizer (and so the vocabulary size) is the dataset's.
+
+Shards are checked against metadata.json by size every time a split is opened and by
+sha256 the first time (or after their size or mtime changed): the verdict is kept in
+DIR/NAME/verified.json, so a 100 GB corpus is hashed once, not at every start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+
+import grain
+import numpy as np
+import tensorflow_datasets as tfds
+
+from rope_jax.data import packing, shards, sources, tokenizers
+
+AUTO_DIR = "prepared"  # DIR/prepared/...: corpora prepared on first use
+VERIFIED = "verified.json"  # DIR/NAME/verified.json: shards whose sha256 matched
+READ_OPTIONS = grain.ReadOptions(num_threads=2, prefetch_buffer_size=4)
+
+
+# ----------------------------------------------------------------------------- naming
+
+
+def root_dir(data_config) -> str:
+    """`data.data_dir`, or the TFDS default data dir."""
+    return os.path.expanduser(data_config.get("data_dir", "") or tfds.core.constants.DATA_DIR)
+
+
+def tokenizer_spec(data_config) -> str:
+    """`data.tokenizer` ('' = the data's own: bytes for raw text, a dataset's stored one)."""
+    return str(data_config.get("tokenizer", "") or "").strip()
+
+
+def auto_source(data_config) -> str | None:
+    """The `prepare --source` of a raw corpus to prepare on first use, or None when the
+    config reads raw bytes (no tokenizer, or `bytes`) or names a prepared dataset."""
+    spec = tokenizer_spec(data_config)
+    if spec in ("", "bytes"):
+        return None
+    files = data_config.get("files", "")
+    if files:
+        return files
+    name = data_config.get("name", "")
+    if name in _shipped():
+        return name
+    if _is_dataset(os.path.join(root_dir(data_config), name)):
+        return None  # a prepared dataset: its tokenizer is checked in `check_tokenizer`
+    raise sources.DataSourceError(
+        f"data.tokenizer={spec!r} needs a corpus this project can read itself (a shipped "
+        f"corpus or data.files); for data.name={name!r} prepare it first: python -m "
+        f"rope_jax.data.prepare --source=... --tokenizer={spec} --name=NAME --data_dir=DIR, "
+        "then train with data.name=NAME data.data_dir=DIR"
+    )
+
+
+def dataset_path(data_config) -> str | None:
+    """DIR/NAME of the prepared dataset this config reads, or None for raw text."""
+    source = auto_source(data_config)
+    if source is not None:
+        return os.path.join(root_dir(data_config), AUTO_DIR, _auto_name(data_config, source))
+    if data_config.get("files", "") or not data_config.get("name", ""):
+        return None
+    path = os.path.join(root_dir(data_config), data_config.name)
+    return path if _is_dataset(path) else None
+
+
+def _is_dataset(path: str) -> bool:
+    """A prepared dataset, complete (metadata.json) or being prepared (its staging dir)."""
+    return os.path.isfile(os.path.join(path, shards.METADATA)) or os.path.isdir(
+        os.path.join(path, ".staging")
+    )
+
+
+def _shipped() -> tuple:
+    from rope_jax.data import prepare
+
+    return prepare.SHIPPED
+
+
+def _auto_settings(data_config, source: str):
+    from rope_jax.data import prepare
+
+    return prepare.Settings(
+        source=source,
+        tokenizer=tokenizer_spec(data_config),
+        text_key=data_config.get("text_key", "text") or "text",
+        max_documents=int(data_config.get("max_documents", 0) or 0),
+    )
+
+
+def _auto_name(data_config, source: str) -> str:
+    """<source>-<tokenizer>-<hash of the settings>, e.g. python_stdlib-bpe8000-1f2e3d4c."""
+    settings = _auto_settings(data_config, source)
+    kind, value = tokenizers.parse_spec(settings.tokenizer)
+    tok = f"bpe{value}" if kind == "train" else _stem(value)
+    if kind == "path" and os.path.exists(value):
+        tok += "-" + _content_hash(value)
+    stem = source if source in _shipped() else "files"
+    key = json.dumps([source, settings.tokenizer, settings.text_key, settings.max_documents])
+    return f"{stem}-{tok}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+
+
+def _stem(path: str) -> str:
+    base = os.path.basename(os.path.normpath(path))
+    return "".join(c if c.isalnum() else "_" for c in base.rsplit(".", 1)[0])[:24] or "tok"
+
+
+def _content_hash(path: str) -> str:
+    h = hashlib.sha256()
+    files = [path] if os.path.isfile(path) else sorted(
+        os.path.join(path, f) for f in os.listdir(path)
+    )  # fmt: skip
+    for file in files:
+        if os.path.isfile(file):
+            with open(file, "rb") as f:
+                h.update(f.read())
+    return h.hexdigest()[:8]
+
+
+# ------------------------------------------------------------------ preparing, checking
+
+
+def ensure_prepared(data_config) -> str:
+    """Prepares an auto-prepared corpus if it is not complete (one process at a time,
+    under a lock); checks a named dataset's metadata. Returns DIR/NAME."""
+    path = dataset_path(data_config)
+    source = auto_source(data_config)
+    if source is not None:
+        from rope_jax.data import prepare
+
+        parent = os.path.dirname(path)
+        os.makedirs(parent, exist_ok=True)
+        with _locked(os.path.join(parent, f".{os.path.basename(path)}.lock")):
+            try:
+                prepare.prepare(_auto_settings(data_config, source), os.path.basename(path),
+                                parent, workers=min(4, os.cpu_count() or 1),
+                                command="", progress=True)  # fmt: skip
+            except ValueError as e:
+                raise sources.DataSourceError(f"preparing {path}: {e}") from None
+    metadata(path)
+    return path
+
+
+@contextlib.contextmanager
+def _locked(path: str):
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def metadata(path: str) -> dict:
+    """metadata.json of DIR/NAME; one DataSourceError line if it is not complete."""
+    try:
+        return shards.read_metadata(path)
+    except ValueError as e:
+        raise sources.DataSourceError(str(e)) from None
+
+
+def tokenizer(path: str) -> tokenizers.Tokenizer:
+    """The dataset's own tokenizer; one DataSourceError line if it does not load."""
+    try:
+        return shards.load_tokenizer(path)
+    except ValueError as e:
+        raise sources.DataSourceError(f"the tokenizer of {path}: {e}") from None
+
+
+def check_tokenizer(data_config, path: str) -> None:
+    """A `data.tokenizer` set beside a named prepared dataset must be the dataset's."""
+    spec = tokenizer_spec(data_config)
+    if not spec or auto_source(data_config) is not None:
+        return
+    stored = metadata(path)["tokenizer"]["name"]
+    kind, value = tokenizers.parse_spec(spec)
+    given = "bytes" if kind == "bytes" else None
+    if kind == "path":
+        try:
+            given = tokenizers.load(value).name
+        except ValueError as e:
+            raise sources.DataSourceError(f"data.tokenizer={spec!r}: {e}") from None
+    if given != stored:
+        raise sources.DataSourceError(
+            f"data.tokenizer={spec!r} is not the tokenizer of {path} ({stored}); a prepared "
+            "dataset brings its own: leave data.tokenizer empty"
+        )
+
+
+def check_splits(path: str, splits) -> None:
+    """Every split named exists in the dataset (one line naming the missing ones)."""
+    have = metadata(path)["splits"]
+    missing = [s for s in dict.fromkeys(splits) if s not in have]
+    if missing:
+        raise sources.DataSourceError(
+            f"split(s) {', '.join(map(repr, missing))} are not in {path}; "
+            f"it has {', '.join(sorted(have))}"
+        )
+
+
+def open_split(path: str, split: str) -> shards.TokenSplit:
+    """The reader of one split, every shard checked (sha256 once, then size and mtime)."""
+    _verify_hashes(path, split)
+    try:
+        return shards.open_split(path, split, verify="size")
+    except ValueError as e:
+        raise sources.DataSourceError(str(e)) from None
+
+
+def _verify_hashes(path: str, split: str) -> None:
+    entries = metadata(path)["splits"].get(split, {}).get("shards", [])
+    record_path = os.path.join(path, VERIFIED)
+    try:
+        with open(record_path, encoding="utf-8") as f:
+            verified = json.load(f)
+    except (OSError, ValueError):
+        verified = {}
+    changed = False
+    for entry in entries:
+        key = entry["file"]
+        stamp = [_stamp(os.path.join(path, n)) for n in (entry["file"], entry["index"])]
+        if verified.get(key) == [entry["sha256"], stamp]:
+            continue
+        problem = shards.check_shard(path, entry, verify="hash")
+        if problem:
+            raise sources.DataSourceError(f"{problem}; prepare again (the same command redoes it)")
+        verified[key], changed = [entry["sha256"], stamp], True
+    if changed:
+        with contextlib.suppress(OSError):  # a read-only dataset is hashed at every open
+            tmp = f"{record_path}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(verified, f)
+            os.replace(tmp, record_path)
+
+
+def _stamp(file: str) -> list[int]:
+    try:
+        st = os.stat(file)
+    except OSError:
+        return [-1, -1]
+    return [st.st_size, st.st_mtime_ns]
+
+
+# ---------------------------------------------------------------------------- batches
+
+
+class Windows:
+    """Grain map: window indices [process_count * B] -> this process's batch of B rows.
+
+    Fields as `pipeline.Windows`: inputs, targets, weights [B, T]; with `packing`
+    'documents' also segments [B, T] and positions [B, T, 1] (restarting at every
+    document); with `target_bytes` the UTF-8 bytes of every target [B, T] (bits/byte).
+    """
+
+    def __init__(self, split: shards.TokenSplit, seq_len: int, *, shard=(0, 1),
+                 packing_mode: str = "stream", target_bytes: bool = False):  # fmt: skip
+        self.split, self.seq_len, self.shard = split, seq_len, shard
+        self.packing_mode, self.target_bytes = packing_mode, target_bytes
+
+    def __call__(self, indices) -> dict[str, np.ndarray]:
+        index, count = self.shard
+        rows = np.asarray(indices, dtype=np.int64).reshape(count, -1)[index]
+        examples = [self.split.example(int(i), self.seq_len) for i in rows]
+        batch = {
+            "inputs": np.stack([e["inputs"] for e in examples]),
+            "targets": np.stack([e["targets"] for e in examples]),
+            "weights": np.stack([e["weights"] for e in examples]),
+        }
+        if self.packing_mode == "documents":
+            segments = np.stack([e["segment_ids"] for e in examples])
+            positions = np.stack([e["positions"] for e in examples])
+            batch.update(packing.fields(segments, positions))
+        if self.target_bytes:
+            batch["target_bytes"] = np.stack([e["target_bytes"] for e in examples])
+        return batch
+
+
+def train_iterator(data_config, path: str, *, seed: int, batch_size: int, shard):
+    """Shuffled full windows of the train split, a new permutation per epoch, forever."""
+    seq_len = int(data_config.seq_len)
+    split = open_split(path, data_config.get("train_split", None) or "train")
+    num_windows = split.num_windows(seq_len)
+    if num_windows < 1:
+        raise sources.DataSourceError(
+            f"the train split of {path} has {len(split)} tokens, fewer than "
+            f"data.seq_len + 1 = {seq_len + 1}"
+        )
+    ds = (
+        grain.MapDataset.range(num_windows)
+        .seed(int(seed))
+        .shuffle()
+        .repeat()
+        .batch(batch_size * shard[1], drop_remainder=True)
+        .map(
+            Windows(split, seq_len, shard=shard, packing_mode=packing.mode(data_config))
+        )  # fmt: skip
+    )
+    return iter(ds.to_iter_dataset(READ_OPTIONS))
+
+
+def eval_iterator(data_config, path: str, *, split: str, batch_size: int, seq_len: int,
+                  num_batches: int | None, shard):  # fmt: skip
+    """Every window of a split once, in order, padded to whole batches, with target bytes."""
+    reader = open_split(path, split)
+    global_batch = batch_size * shard[1]
+    rows = reader.num_windows(seq_len, partial=True)
+    rows = -(-rows // global_batch) * global_batch
+    windows = Windows(reader, seq_len, shard=shard, packing_mode=packing.mode(data_config),
+                      target_bytes=True)  # fmt: skip
+    ds = grain.MapDataset.range(rows).batch(global_batch).map(windows)
+    if num_batches is not None:
+        ds = ds[:num_batches]
+    return ds.to_iter_dataset(READ_OPTIONS)
