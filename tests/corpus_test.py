@@ -1,0 +1,285 @@
+"""Training on prepared corpora: kinds, vocabularies, packing, process shards, bits/byte.
+
+One small corpus of short documents (so windows cross document boundaries) in .txt
+files, read raw and prepared (bytes and a BPE trained here); the end-to-end runs
+through train.py / eval.py are `slow`.
+"""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from flax import nnx
+
+import rope_jax.data.prepare as prep
+from configs import lm
+from rope_jax import data
+from rope_jax.data import packing, prepared, shards, tokenizers
+from rope_jax.harness import checkpoint, checks, setup
+from rope_jax.nn import model as model_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+T = 32
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A glob of 60 .txt documents of 3-60 bytes (multi-byte characters included)."""
+    root = tmp_path_factory.mktemp("docs")
+    rng = np.random.default_rng(1)
+    words = "the of naïve café 日本 ∀x def return to be or not".split()
+    for i in range(60):
+        n = int(rng.integers(1, 9))
+        (root / f"doc{i:02d}.txt").write_text(" ".join(rng.choice(words, n)) + "\n", "utf-8")
+    return str(root / "*.txt")
+
+
+@pytest.fixture(scope="module")
+def data_root(corpus, tmp_path_factory):
+    """DIR with NAME = bytes and bpe (a BPE of at most 400 ids trained on the train split)."""
+    out = tmp_path_factory.mktemp("prepared")
+    for name, tok in (("bytes", "bytes"), ("bpe", "train:400")):
+        settings = prep.Settings(source=corpus, tokenizer=tok, shard_tokens=300, record_tokens=40)
+        prep.prepare(settings, name, str(out), progress=False)
+    return str(out)
+
+
+def _config(data_root, name, **data_fields):
+    config = lm.get_config("size=tiny")
+    config.data.name, config.data.data_dir, config.data.seq_len = name, data_root, T
+    config.data.global_batch_size = 4
+    config.eval.batch_size = 4
+    for key, value in data_fields.items():
+        config.data[key] = value
+    return config
+
+
+# ------------------------------------------------------------------------------ kinds
+
+
+def test_named_dataset_is_prepared_and_raw_files_are_text(data_root, corpus):
+    config = _config(data_root, "bpe")
+    kind = data.kind(config.data)
+    assert kind.name == "prepared" and kind.path == os.path.join(data_root, "bpe")
+    assert kind.tokenizer().name == shards.read_metadata(kind.path)["tokenizer"]["name"]
+    raw = _config(data_root, "", files=corpus)
+    assert data.kind(raw.data).name == "text" and data.kind(raw.data).vocab_size == 259
+    auto = _config(data_root, "", files=corpus, tokenizer="train:300")
+    path = data.kind(auto.data).path
+    assert path.startswith(os.path.join(data_root, prepared.AUTO_DIR, "files-bpe300-"))
+    assert data.kind(_config(data_root, "", files=corpus, tokenizer="train:301").data).path != path
+
+
+def test_vocab_follows_the_tokenizer_and_a_hand_set_mismatch_is_one_line(data_root):
+    config = _config(data_root, "bpe")
+    want = shards.read_metadata(os.path.join(data_root, "bpe"))["tokenizer"]["vocab_size"]
+    checks.resolve_vocab(config)
+    assert config.model.vocab_size == want != 259
+    config = _config(data_root, "bpe")
+    config.model.vocab_size = 300
+    with pytest.raises(ValueError, match=rf"model.vocab_size=300 does not match .* \({want} ids\)"):
+        setup.build(config)
+    bytes_config = _config(data_root, "bytes")
+    checks.resolve_vocab(bytes_config)
+    assert bytes_config.model.vocab_size == 259
+
+
+def test_a_tokenizer_beside_a_prepared_dataset_must_be_its_own(data_root, tmp_path):
+    other = tokenizers.train_bpe(["some other text entirely"] * 5, 270)
+    other.save(str(tmp_path / "tok"))
+    config = _config(data_root, "bpe", tokenizer=str(tmp_path / "tok"))
+    with pytest.raises(
+        data.DataSourceError, match="is not the tokenizer of .*leave data.tokenizer"
+    ):
+        checks.check_config(config)
+    own = os.path.join(data_root, "bpe", shards.TOKENIZER_DIR)
+    checks.check_config(_config(data_root, "bpe", tokenizer=own))  # its own: fine
+    with pytest.raises(data.DataSourceError, match="prepare it first"):
+        data.kind(_config(data_root, "no_such_tfds_name", tokenizer="train:300").data)
+
+
+def test_checkpoints_refuse_data_with_another_tokenizer(data_root, tmp_path):
+    workdir = str(tmp_path)
+    bpe = data.kind(_config(data_root, "bpe").data).tokenizer()
+    checkpoint.save_tokenizer(workdir, bpe)
+    (tmp_path / checkpoint.CONFIG_FILE).write_text("{}")
+    checkpoint.check_tokenizer(workdir, bpe)
+    assert checkpoint.load_tokenizer(workdir).name == bpe.name
+    with pytest.raises(checkpoint.CheckpointError, match=r"trained with tokenizer bpe400-.* bytes"):
+        checkpoint.check_tokenizer(workdir, tokenizers.ByteTokenizer())
+
+
+def test_missing_split_and_unprepared_dataset_are_one_line(data_root, tmp_path):
+    config = _config(data_root, "bpe", eval_split="dev")
+    with pytest.raises(data.DataSourceError, match=r"'dev' are not in .*validation"):
+        checks.check_config(config)
+    os.makedirs(tmp_path / "half" / ".staging")
+    with pytest.raises(data.DataSourceError, match="not a prepared dataset.*rerun the same"):
+        checks.resolve_vocab(_config(str(tmp_path), "half"))
+
+
+def test_a_shard_changed_after_its_first_check_fails_on_open(data_root, tmp_path):
+    path = tmp_path / "copy"
+    shutil.copytree(os.path.join(data_root, "bytes"), path)
+    prepared.open_split(str(path), "train")  # hashed once; the verdict kept
+    assert (path / prepared.VERIFIED).is_file()
+    shard = path / shards.read_metadata(str(path))["splits"]["train"]["shards"][0]["file"]
+    blob = bytearray(shard.read_bytes())
+    blob[len(blob) // 2] ^= 0x01  # same size, new mtime: hashed again
+    shard.write_bytes(bytes(blob))
+    with pytest.raises(data.DataSourceError, match="is corrupt: its sha256") as e:
+        prepared.open_split(str(path), "train")
+    assert "\n" not in str(e.value)
+    shard.write_bytes(bytes(blob[:50]))
+    with pytest.raises(data.DataSourceError, match="truncated"):
+        prepared.open_split(str(path), "train")
+
+
+# ---------------------------------------------------------------------------- batches
+
+
+def test_stream_packing_restarts_after_every_eos():
+    eos = 9
+    inputs = np.array([[5, 6, eos, 7, eos, eos, 1, 2], [3, eos, 4, 4, 4, 0, 0, 0]])
+    valid = np.array([[1] * 8, [1] * 5 + [0] * 3], bool)
+    out = packing.from_stream(inputs, valid, eos)
+    np.testing.assert_array_equal(
+        out["segments"], [[1, 1, 1, 2, 2, 3, 4, 4], [1, 1, 2, 2, 2, 0, 0, 0]]
+    )
+    np.testing.assert_array_equal(
+        out["positions"][..., 0], [[0, 1, 2, 0, 1, 0, 0, 1], [0, 1, 0, 1, 2, 0, 0, 0]]
+    )
+    assert out["positions"].shape == (2, 8, 1) and out["positions"].dtype == np.float32
+
+
+@pytest.mark.parametrize("source", ["prepared", "raw"])
+def test_packed_rows_give_the_logits_of_their_documents_run_alone(data_root, corpus, source):
+    fields = dict(packing="documents")
+    config = (_config(data_root, "bytes", **fields) if source == "prepared"
+              else _config(data_root, "", files=corpus, **fields))  # fmt: skip
+    batch = next(data.make_train_iterator(config.data, seed=0, batch_size=2))
+    assert int(batch["segments"].max()) >= 2  # rows hold several documents
+    net = model_lib.Decoder(config.model, rngs=nnx.Rngs(0))
+    packed = net(batch["inputs"], batch["positions"], segments=batch["segments"])
+    for row in range(2):
+        for seg in np.unique(batch["segments"][row]):
+            where = np.flatnonzero(batch["segments"][row] == seg)
+            assert batch["positions"][row, where[0], 0] == 0
+            alone = net(batch["inputs"][row : row + 1, where])
+            np.testing.assert_allclose(packed[row, where], alone[0], atol=3e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["bpe", "raw"])
+def test_two_processes_read_disjoint_halves_of_every_global_batch(data_root, corpus, name):
+    config = _config(data_root, name) if name != "raw" else _config(data_root, "", files=corpus)
+    config.data.packing = "documents"
+    make = lambda i, n: data.make_train_iterator(
+        config.data, seed=3, batch_size=4 // n, process_index=i, process_count=n
+    )
+    one, halves = make(0, 1), [make(0, 2), make(1, 2)]
+    for _ in range(3):
+        whole, parts = next(one), [next(it) for it in halves]
+        for key in whole:
+            np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), whole[key])
+    for it in halves:  # each process's iterator resumes bit-exactly from its own state
+        state = json.loads(json.dumps(it.get_state()))
+        ahead = [next(it) for _ in range(2)]
+        again = make(halves.index(it), 2)
+        again.set_state(state)
+        for want in ahead:
+            got = next(again)
+            for key in want:
+                np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_eval_scores_every_utf8_byte_of_a_split_once(data_root, corpus):
+    """Every byte but those of the stream's first token (never a target) is scored once."""
+    for name in ("bpe", "bytes"):
+        config = _config(data_root, name)
+        total = 0
+        for batch in data.make_eval_iterator(config.data, split="validation", batch_size=4):
+            total += int((batch["target_bytes"] * batch["weights"]).sum())
+        path = os.path.join(data_root, name)
+        first = int(shards.open_split(path, "validation").read(0, 1)["bytes"][0])
+        assert total == shards.read_metadata(path)["splits"]["validation"]["bytes"] - first
+        assert first >= 1 and (first > 1) == (name == "bpe")
+    raw = _config(data_root, "", files=corpus)
+    docs = data.documents(raw.data, "validation")
+    batches = data.make_eval_iterator(raw.data, split="validation", batch_size=4)
+    assert (
+        sum(int((b["target_bytes"] * b["weights"]).sum()) for b in batches)
+        == sum(len(d) for d in docs) - 1
+    )
+
+
+def test_bits_per_byte_is_total_nats_over_total_bytes():
+    from rope_jax.harness import metrics
+
+    sums = {"loss_sum": 30.0, "weight_sum": 10.0, "correct_sum": 0.0, "byte_sum": 40.0}
+    out = metrics.summarize(sums)
+    assert out["loss"] == 3.0 and out["bits_per_byte"] == pytest.approx(30 / 40 / math.log(2))
+    assert "bits_per_byte" not in metrics.summarize({**sums, "byte_sum": 0.0})
+
+
+# ---------------------------------------------------------------------- end to end
+
+
+def _run(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True)
+
+
+@pytest.mark.slow
+def test_train_and_eval_on_a_prepared_bpe_corpus_report_bits_per_byte(data_root, tmp_path):
+    workdir = str(tmp_path / "run")
+    flags = [f"--config.data.name=bpe", f"--config.data.data_dir={data_root}",
+             f"--config.data.seq_len={T}", "--config.data.global_batch_size=4",
+             "--config.train.num_steps=4", "--config.train.eval_every_steps=0",
+             "--config.eval.batch_size=4", "--config.eval.num_batches=0"]  # fmt: skip
+    proc = _run("train.py", "--config=configs/lm.py:size=tiny", f"--workdir={workdir}", *flags)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    saved = checkpoint.load_config(workdir)
+    tok = checkpoint.load_tokenizer(workdir)
+    assert saved.model.vocab_size == tok.vocab_size and tok.name.startswith("bpe400-")
+    final = [r for r in _records(workdir) if "eval/bits_per_byte" in r][-1]
+    path = os.path.join(data_root, "bpe")
+    first = int(shards.open_split(path, "validation").read(0, 1)["bytes"][0])
+    assert (
+        final["eval/bytes"] == shards.read_metadata(path)["splits"]["validation"]["bytes"] - first
+    )
+    proc = _run("eval.py", f"--workdir={workdir}", "--num_batches=0")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(open(os.path.join(workdir, "eval_4.json")).read())[str(T)]
+    assert result["bits_per_byte"] == pytest.approx(final["eval/bits_per_byte"], rel=1e-6)
+    proc = _run(
+        "eval.py", f"--workdir={workdir}", "--generate", "--prompt=the", "--max_new_tokens=5"
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("the"), proc.stderr[-2000:]
+    # the same workdir on data with another tokenizer: refused in one line, nothing written
+    proc = _run("train.py", "--config=configs/lm.py:size=tiny", f"--workdir={workdir}",
+                "--config.data.name=bytes", *flags[1:])  # fmt: skip
+    assert proc.returncode != 0 and "trained with tokenizer bpe400-" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_raw_corpus_with_a_tokenizer_is_prepared_once_then_trained(corpus, tmp_path):
+    flags = ["--config=configs/lm.py:size=tiny", f"--config.data.files={corpus}",
+             "--config.data.tokenizer=train:300", f"--config.data.data_dir={tmp_path}",
+             f"--config.data.seq_len={T}", "--config.data.global_batch_size=4",
+             "--config.train.num_steps=2", "--config.eval.batch_size=4"]  # fmt: skip
+    first = _run("train.py", f"--workdir={tmp_path / 'a'}", *flags)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "prepare: wrote" in first.stderr
+    second = _run("train.py", f"--workdir={tmp_path / 'b'}", *flags)
+    assert second.returncode == 0 and "already prepared" in second.stderr
+    assert checkpoint.load_config(str(tmp_path / "b")).model.vocab_size <= 300
+
+
+def _records(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
