@@ -236,7 +236,7 @@ def _run(*args, cwd=ROOT):
 @pytest.mark.slow
 def test_train_and_eval_on_a_prepared_bpe_corpus_report_bits_per_byte(data_root, tmp_path):
     workdir = str(tmp_path / "run")
-    flags = [f"--config.data.name=bpe", f"--config.data.data_dir={data_root}",
+    flags = ["--config.data.name=bpe", f"--config.data.data_dir={data_root}",
              f"--config.data.seq_len={T}", "--config.data.global_batch_size=4",
              "--config.train.num_steps=4", "--config.train.eval_every_steps=0",
              "--config.eval.batch_size=4", "--config.eval.num_batches=0"]  # fmt: skip
