@@ -341,6 +341,28 @@ def test_kv_cache_column_appears_when_rows_differ_in_cache_bytes():
     assert "KV cache" not in report_lib.render_markdown(report({"qk": 2048, "tied": 2048}))
 
 
+def test_rows_that_differ_in_tokenizer_are_ranked_by_bits_per_byte():
+    def run(tok, loss, bpb):
+        return {"seed": 0, "step": 10, "loss": {"32": loss}, "bits_per_byte": {"32": bpb},
+                "tokenizer": tok, "eval_curve": [[10, loss]]}  # fmt: skip
+
+    def report(tok_b):
+        rows = {
+            "bytes": {"overrides": {"data.name": "a"}, "runs": [run("bytes", 1.0, 1.44)]},
+            "bpe": {"overrides": {"data.name": "b"}, "runs": [run(tok_b, 3.0, 1.10)]},
+        }
+        return {"config": "c.py", "title": "", "command": "x", "date": "d", "jax": "0",
+                "device": "cpu", "settings": {}, "seeds": [0], "seq_lens": ["32"],
+                "eval_split": "validation", "article_loss": None, "rows": rows}  # fmt: skip
+
+    md = report_lib.render_markdown(report("bpe8000-abcd"))
+    assert "| bits/byte @32 mean ± std |" in md and "lowest bits/byte @T" in md
+    assert "| bpe | `data.name=b` | 3.0000 ± n/a | 1.1000 ± n/a | 1 |" in md
+    assert "- bpe < bytes: gap 0.3400" in md
+    same = report_lib.render_markdown(report("bytes"))  # one tokenizer: nats/token rank
+    assert "bits/byte" not in same and "| bytes | `data.name=a` | 1.0000 ± n/a | 1 |" in same
+
+
 def test_plan_records_each_rows_kv_cache_bytes():
     args = sweep.parse_args(["--config=configs/lm.py:size=tiny", "--workdir=/tmp/unused",
                              "--rows=qk,tied_qkvo,separate_qk_cache"])  # fmt: skip

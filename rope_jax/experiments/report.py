@@ -53,14 +53,26 @@ def resolved_pairs(means: dict, stds: dict) -> list[dict]:
     return out
 
 
+def tokenizers_differ(report: dict) -> bool:
+    """Whether the runs used more than one tokenizer (then nats/token do not compare)."""
+    runs = [r for row in report["rows"].values() for r in row["runs"]]
+    return len({r.get("tokenizer", "bytes") for r in runs}) > 1
+
+
 def summarize(report: dict) -> list[dict]:
-    """Rows sorted by our rank: mean/std per length, our rank, the article's loss/rank."""
-    rows = [{"name": name, "overrides": row["overrides"],
+    """Rows sorted by our rank: mean/std per length, our rank, the article's loss/rank.
+
+    The rank is by loss @T, or by bits/byte @T when rows differ in tokenizer ("bpb":
+    mean/std of bits per byte @T, None where a run has no byte counts)."""
+    t = report["seq_lens"][0]
+    has_bytes = lambda runs: all(r.get("bits_per_byte", {}).get(t) for r in runs)
+    bpb = lambda runs: mean_std([r["bits_per_byte"][t] for r in runs]) if has_bytes(runs) else None
+    rows = [{"name": name, "overrides": row["overrides"], "bpb": bpb(row["runs"]),
              "stats": {t: mean_std([r["loss"][t] for r in row["runs"]])
                        for t in report["seq_lens"]}}
             for name, row in report["rows"].items()]  # fmt: skip
-    t = report["seq_lens"][0]
-    ours = ranks({r["name"]: r["stats"][t][0] for r in rows})
+    by_bytes = tokenizers_differ(report) and all(r["bpb"] for r in rows)
+    ours = ranks({r["name"]: (r["bpb"] if by_bytes else r["stats"][t])[0] for r in rows})
     article = {k: v for k, v in (report["article_loss"] or {}).items() if k in ours}
     theirs = ranks(article) if article else {}
     for r in rows:
@@ -86,7 +98,9 @@ def render_markdown(report: dict) -> str:
     out = header(report)
     sites_only = lambda over: set(over) == {"model.rope.sites"}
     what = "sites" if all(sites_only(r["overrides"]) for r in rows) else "sites or overrides"
+    by_bytes = tokenizers_differ(report) and all(r["bpb"] for r in rows)
     head = ["row", what, f"loss @{t} (T) mean ± std"]
+    head += [f"bits/byte @{t} mean ± std"] if by_bytes else []
     head += [f"loss @{s} ({int(s) // int(t)}T)" for s in lens[1:]] + ["rank"]
     # KV-cache bytes per token, shown when rows differ in it (tied vs separate K/V, ...).
     kv = report.get("kv_bytes") or {}
@@ -99,7 +113,8 @@ def render_markdown(report: dict) -> str:
         what = ", ".join(f"`{k}={v}`" for k, v in r["overrides"].items()) or "(base)"
         if sites_only(r["overrides"]):
             what = f"`{r['overrides']['model.rope.sites']}`".replace("``", "NoPE")
-        cells = [r["name"], what, f"{mean:.4f} ± " + ("n/a" if std is None else f"{std:.4f}")]
+        cells = [r["name"], what, _pm((mean, std), "{:.4f}")]
+        cells += [_pm(r["bpb"], "{:.4f}")] if by_bytes else []
         cells += [f"{r['stats'][s][0]:.4f}" for s in lens[1:]] + [str(r["rank"])]
         cells += [f"{kv[r['name']]:,}"] if kv else []
         if article:
@@ -111,15 +126,19 @@ def render_markdown(report: dict) -> str:
               "one seed, so std is n/a and no gap can be judged against seed noise")  # fmt: skip
     out += ["", f"Loss: held-out `{report['eval_split']}` cross-entropy (nats/token) after step "
             f"{step}, mean {spread}. T = {t} is the training context; longer contexts measure "
-            "extrapolation. Rank 1 = lowest loss @T."]  # fmt: skip
+            "extrapolation. "
+            + ("Rows differ in tokenizer, so losses per token do not compare: bits/byte "
+               "(total nats / (ln 2 x UTF-8 bytes of the scored targets)) do, and rank 1 = "
+               "lowest bits/byte @T." if by_bytes else "Rank 1 = lowest loss @T.")]  # fmt: skip
     if article:
         tau, p, n = kendall({r["name"]: r["stats"][t][0] for r in rows}, article)
         value = "n/a" if tau is None else f"{tau:.3f} (p = {'n/a' if p is None else f'{p:.3g}'})"
         out += ["", f"Kendall tau between our mean loss @T and the article's loss, over the {n} "
                 f"rows in both: {value}. Article ranks are among the rows shown; its losses are "
                 "for ~1B models, so compare orderings, not values."]  # fmt: skip
-    pairs = resolved_pairs({r["name"]: r["stats"][t][0] for r in rows},
-                           {r["name"]: r["stats"][t][1] for r in rows})  # fmt: skip
+    key = (lambda r: r["bpb"]) if by_bytes else (lambda r: r["stats"][t])
+    pairs = resolved_pairs({r["name"]: key(r)[0] for r in rows},
+                           {r["name"]: key(r)[1] for r in rows})  # fmt: skip
     if pairs:
         out += ["", "Adjacent pairs of our ranking (resolved: gap > sqrt(std_a² + std_b²)):"]
     out += pair_lines(pairs, "<", digits=4)
@@ -312,9 +331,20 @@ def collect(run: Job) -> dict:
     curve = lambda key: sorted({r["step"]: r[key] for r in records if key in r}.items())
     return {"seed": run.seed, "workdir": run.workdir, "step": saved["step"],
             "loss": {key: saved[key]["loss"] for key in columns(run)},
+            "bits_per_byte": {key: saved[key].get("bits_per_byte") for key in columns(run)},
+            "tokenizer": _tokenizer_name(run.workdir),
             "accuracy": {s: saved[s].get("answer_accuracy") for s in run.splits},
             "metrics": {s: saved[s] for s in run.splits},
             "eval_curve": curve("eval/loss"), "train_curve": curve("loss")}  # fmt: skip
+
+
+def _tokenizer_name(workdir: str) -> str:
+    """The name in <workdir>/tokenizer/tokenizer_info.json ("bytes" for runs without)."""
+    path = os.path.join(workdir, "tokenizer", "tokenizer_info.json")
+    if not os.path.isfile(path):
+        return "bytes"
+    with open(path) as f:
+        return json.load(f)["name"]
 
 
 def write_report(runs: list[Job], context: dict, argv, results: str) -> dict:
