@@ -401,6 +401,21 @@ def test_shakespeare_max_documents(tmp_path):
     assert records == -(-meta["splits"]["train"]["tokens"] // 16_384)  # long plays are cut
 
 
+def test_tfds_source_keeps_its_held_out_splits(data_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("TFDS_DATA_DIR", data_dir)
+    meta = _prepare("tfds:rope_shakespeare", "bytes", tmp_path, "plays", max_documents=2)
+    config = data.default_config()
+    config.name, config.data_dir = "shakespeare", data_dir
+    for split in prep.SPLITS:
+        want = [d.decode() for d in data.documents(config, split)][:2]
+        got = _split_docs(shards.open_split(str(tmp_path / "plays"), split), tokenizer)
+        assert got == want and meta["splits"][split]["documents"] == len(want)
+    with pytest.raises(ValueError, match="tfds:rope_shakespeare: no feature 'body'"):
+        _prepare("tfds:rope_shakespeare", "bytes", tmp_path, "x", text_key="body")
+    with pytest.raises(ValueError, match="tfds:no_such_set: .*neither a shipped corpus"):
+        _prepare("tfds:no_such_set", "bytes", tmp_path, "y")
+
+
 def test_grain_window_dataset_and_pickle(prepared):
     path = str(prepared / "bpe")
     ds = shards.window_dataset(path, "train", 16).seed(0).shuffle().batch(4)

