@@ -272,6 +272,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--num_tokens", default="", help="token budgets: 20e9,5e9 (default the config's)"
     )
+    p.add_argument("--vocab_size", type=int, default=0,
+                   help="plan for a tokenizer of this many ids (default: the config's)")  # fmt: skip
     p.add_argument("--rows", type=int, default=1, help="runs of this shape per seed")
     p.add_argument("--seeds", default="1", help="seed counts to total over, e.g. 1,3")
     p.add_argument("--mfu", type=float, default=MFU, help="planning MFU (0-1)")
@@ -284,6 +286,8 @@ def render(argv: Sequence[str]) -> list[str]:
     """The markdown document `main(argv)` writes: the command, one section per budget."""
     args = _parser().parse_args(argv)
     config = load_config(args.config)
+    if args.vocab_size:
+        config.model.vocab_size = args.vocab_size
     budgets = [int(float(x)) for x in args.num_tokens.split(",") if x.strip()] or [0]
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     params = num_params(config.model)
