@@ -103,6 +103,15 @@ def test_a_tokenizer_beside_a_prepared_dataset_must_be_its_own(data_root, tmp_pa
         data.kind(_config(data_root, "no_such_tfds_name", tokenizer="train:300").data)
 
 
+def test_a_tokenizer_file_that_does_not_load_fails_before_preparing(corpus, tmp_path):
+    (tmp_path / "garbage.json").write_text("[1, 2")
+    config = _config(str(tmp_path), "", files=corpus, tokenizer=str(tmp_path / "garbage.json"))
+    with pytest.raises(data.DataSourceError, match="garbage.json does not load as an HF") as e:
+        data.ensure_built(config.data)
+    assert "\n" not in str(e.value)
+    assert not os.path.exists(os.path.join(data.kind(config.data).path, shards.METADATA))
+
+
 def test_checkpoints_refuse_data_with_another_tokenizer(data_root, tmp_path):
     workdir = str(tmp_path)
     bpe = data.kind(_config(data_root, "bpe").data).tokenizer()
