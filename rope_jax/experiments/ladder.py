@@ -27,8 +27,10 @@ from rope_jax.experiments.report import kendall, mean_std, ranks
 def label(report: dict) -> str:
     """A rung's name from its settings: layers, width, context, steps."""
     s = report["settings"]
+    tok = s.get("data.tokenizer", "")
     return (f"L{s.get('model.num_layers')} D{s.get('model.embed_dim')} "
-            f"T{s.get('data.seq_len')} {s.get('train.num_steps')} steps")  # fmt: skip
+            f"T{s.get('data.seq_len')} {s.get('train.num_steps')} steps"
+            + (f" {tok.replace('train:', 'BPE ')}" if tok else ""))  # fmt: skip
 
 
 def seed_losses(report: dict, rows, length: str) -> dict[str, list[float]]:

@@ -23,6 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SETTINGS = ("model.num_layers", "model.embed_dim", "model.num_heads", "model.num_kv_heads",
             "model.head_dim", "model.mlp_dim", "data.name", "data.seq_len",
             "data.global_batch_size", "train.num_steps", "optim.lr")  # fmt: skip
+# Settings shown only when they differ from the default (so older results still match).
+OPTIONAL_SETTINGS = {"data.tokenizer": "", "data.packing": "stream"}
 # One training job: train.py arguments, the step it ends at, eval lengths (T first).
 # splits: held-out splits eval.py scores at T (config eval.splits; multimodal data).
 Job = collections.namedtuple("Job", "row seed workdir flags final_step seq_lens splits")
@@ -199,7 +201,8 @@ def plan(args) -> tuple[list[Job], dict]:
     return runs, {
         "config": args.config, "title": (module.__doc__ or "").strip().split("\n")[0],
         "overrides": {r: {k: flag_value(v) for k, v in o.items()} for r, o in rows.items()},
-        "settings": {k: fields[k] for k in SETTINGS if k in fields},
+        "settings": {k: fields[k] for k in SETTINGS if k in fields}
+        | {k: fields[k] for k, v in OPTIONAL_SETTINGS.items() if fields.get(k, v) != v},
         "article_loss": getattr(module, "ARTICLE_LOSS", None), "seeds": list(range(args.seeds)),
         "eval_split": fields.get("data.eval_split", "validation"), "kv_bytes": kv_bytes,
     }  # fmt: skip
