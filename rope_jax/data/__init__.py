@@ -1,4 +1,4 @@
-"""Data: byte tokenizer, TFDS builders and Grain pipelines (no TensorFlow).
+"""Data: tokenizers, TFDS builders, prepared corpora and Grain pipelines (no TensorFlow).
 
   from rope_jax import data
   data.ensure_built(config.data)                 # build shipped corpora if needed
@@ -36,7 +36,8 @@
                  positions are the same in every scheme.
 
 Splits of the shipped corpora: train / validation / test. Every document is
-followed by EOS; the token streams of a split are held in memory (uint16).
+followed by EOS; the token streams of a raw split are held in memory (uint16), a
+prepared corpus is read window by window from its shards (`prepared`).
 
 Multimodal tasks (`multimodal.FAMILIES`: "digit_grids", "digit_videos") interleave
 text with grids of scikit-learn's handwritten digits; their batches add `patches`,
