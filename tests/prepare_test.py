@@ -359,6 +359,9 @@ def test_bad_sources_are_one_line(tmp_path):
         return str(e.value)
 
     fails(str(tmp_path / "nothing*.txt"), "matched no files")
+    (tmp_path / "empty.txt").write_text("")
+    fails(str(tmp_path / "empty.txt"), "has no non-empty documents")
+    assert not (tmp_path / "out" / "x" / shards.METADATA).exists()
     (tmp_path / "k.jsonl").write_text('{"text": "a"}\n{"body": "b"}\n')
     assert fails(str(tmp_path / "k.jsonl"), "no key 'text'").startswith(f"{tmp_path}/k.jsonl:2:")
     (tmp_path / "j.jsonl").write_text('{"text": "a"}\n{oops\n')
