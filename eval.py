@@ -15,6 +15,8 @@ with answer accuracy overall and per task. An existing file made with other sett
 is never replaced unless --overwrite. The checkpoint is verified against its checksums.
 With --generate it instead prints the prompt and its continuation (greedy, or sampled
 with --temperature > 0), decoded with a key/value cache, up to the first EOS.
+Several processes run it like train.py (`srun python eval.py ...`; docs/cluster.md):
+each scores its own rows of every batch, the numbers are those of one process.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import json
 
 from absl import app, flags
 
-from rope_jax.harness import cli
+from rope_jax.harness import cli, distributed
 from rope_jax.harness.evaluate import evaluate_checkpoint, generate_text
 
 FLAGS = flags.FLAGS
@@ -55,6 +57,7 @@ def define_flags():
     flags.DEFINE_integer("max_new_tokens", 200, "Tokens (bytes) to generate.")
     flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 = greedy.")
     flags.DEFINE_integer("seed", 0, "Sampling seed.")
+    distributed.define_flags()
 
 
 def main(argv):
@@ -62,6 +65,7 @@ def main(argv):
         cli.fail(f"unexpected arguments: {argv[1:]}", cli.USAGE_ERROR)
     if not FLAGS.workdir:
         cli.fail("--workdir is required", cli.USAGE_ERROR)
+    distributed.start()  # several processes: before anything touches a device
     try:
         if FLAGS.generate:
             generate_text(

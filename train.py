@@ -11,17 +11,19 @@ fields, unless --allow_config_change. SIGTERM or Ctrl-C saves a checkpoint at th
 of the current step and exits 0 (a second Ctrl-C aborts at once); a non-finite loss
 or a failed save stops the run at that step and keeps the last good checkpoint. One
 run per workdir at a time. Logs of absl/Orbax/TFDS are off unless --verbosity=0 (-v 0).
+
+Several processes (one per host or GPU) run the same command: `srun python train.py
+...` on SLURM, the same command on every worker of a TPU pod, or elsewhere with
+--coordinator_address=HOST:PORT --num_processes=N --process_id=I
+(`harness.distributed`, docs/cluster.md).
 """
 
 from __future__ import annotations
 
-import os
-
-import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from rope_jax.harness import cli
+from rope_jax.harness import cli, distributed
 from rope_jax.harness.loop import NonFiniteLoss, print_dry_run, train_and_evaluate
 
 FLAGS = flags.FLAGS
@@ -43,13 +45,13 @@ def define_flags():
         "Resume although data/optimiser/schedule/seed/"
         "num_steps differ from config.json (the old one is kept as config.<step>.json).",
     )
+    distributed.define_flags()
 
 
 def main(argv):
     if len(argv) > 1:
         cli.fail(f"unexpected arguments: {argv[1:]}", cli.USAGE_ERROR)
-    if os.environ.get("JAX_COORDINATOR_ADDRESS"):
-        jax.distributed.initialize()  # multi-host: the environment names the coordinator
+    distributed.start()  # several processes: before anything touches a device
     config = FLAGS.config
     if config is None:
         cli.fail("--config is required, e.g. --config=configs/lm.py:size=tiny", cli.USAGE_ERROR)

@@ -13,6 +13,7 @@
   workdir     one writer per workdir (lock), writability, free space, atomic writes
   console     quiet logs and the run's progress lines
   cli         flag parsing for train.py / eval.py with one-line errors
+  distributed process start-up of multi-process runs (SLURM, TPU pods, explicit flags)
 
 The names most callers need are re-exported here (`harness.build(config)`).
 """

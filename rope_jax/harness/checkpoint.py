@@ -456,16 +456,20 @@ class Manager:
                     )
 
     def _read_checksums(self, step: int, extra: dict) -> dict | None:
-        index = jax.process_index()
-        if "checksums" not in extra or index >= int(extra.get("checksum_processes", 1)):
+        index, count = jax.process_index(), int(extra.get("checksum_processes", 1))
+        if "checksums" not in extra:
+            return None
+        names = [CHECKSUMS_FILE.format(i) for i in range(count)]  # every process's: all
+        missing = [n for n in names if not os.path.exists(os.path.join(self.step_dir(step), n))]
+        if missing:  # processes agree on an incomplete step (each verifies only its own)
+            raise CheckpointError(
+                f"checkpoint step {step} in {self.directory} is incomplete: {missing[0]} is "
+                "missing (the run stopped while saving it, or is saving it now)"
+            )
+        if index >= count:
             return None
         name = CHECKSUMS_FILE.format(index)
         path = os.path.join(self.step_dir(step), name)
-        if not os.path.exists(path):
-            raise CheckpointError(
-                f"checkpoint step {step} in {self.directory} is incomplete: {name} is "
-                "missing (the run stopped while saving it, or is saving it now)"
-            )
         try:
             with open(path) as f:
                 return json.load(f)["arrays"]

@@ -272,8 +272,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--num_tokens", default="", help="token budgets: 20e9,5e9 (default the config's)"
     )
-    p.add_argument("--vocab_size", type=int, default=0,
-                   help="plan for a tokenizer of this many ids (default: the config's)")  # fmt: skip
+    p.add_argument(
+        "--vocab_size", type=int, default=0, help="tokenizer size to plan for (default: config)"
+    )
     p.add_argument("--rows", type=int, default=1, help="runs of this shape per seed")
     p.add_argument("--seeds", default="1", help="seed counts to total over, e.g. 1,3")
     p.add_argument("--mfu", type=float, default=MFU, help="planning MFU (0-1)")

@@ -25,7 +25,7 @@ from flax import nnx
 
 from rope_jax import data
 from rope_jax.data import sources
-from rope_jax.harness import checkpoint, console, setup
+from rope_jax.harness import checkpoint, console, distributed, setup
 from rope_jax.harness import workdir as workdir_lib
 from rope_jax.nn import generate
 
@@ -175,7 +175,7 @@ def evaluate_checkpoint(
     if step is not None or not fallback:
         step = _newest(workdir) if step is None else step
         check_existing(eval_path(workdir, step, tag), settings, overwrite)
-    data.ensure_built(config.data)
+    distributed.process_0_first(data.ensure_built, config.data)  # no concurrent builds
     checkpoint.check_tokenizer(workdir, data.kind(config.data).tokenizer())
     run = setup.build(config)
     check_splits(config, [split, *splits])

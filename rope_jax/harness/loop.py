@@ -34,7 +34,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from rope_jax import data, sharding
-from rope_jax.harness import checkpoint, checks, console, evaluate, feed, metrics, setup
+from rope_jax.harness import (
+    checkpoint,
+    checks,
+    console,
+    distributed,
+    evaluate,
+    feed,
+    metrics,
+    setup,
+)
 from rope_jax.harness import workdir as workdir_lib
 
 
@@ -123,7 +132,7 @@ def train_and_evaluate(config, workdir: str, *, fallback: bool = False,
 def _train(config, workdir, stop, fallback, allow_config_change):
     workdir_lib.check_writable(workdir)
     checks.check_config(config)  # before the data is built or prepared
-    data.ensure_built(config.data)
+    distributed.process_0_first(data.ensure_built, config.data)  # no concurrent builds
     run = setup.build(config)  # model.vocab_size from the data's tokenizer
     checkpoint.check_tokenizer(workdir, data.kind(config.data).tokenizer())
     changes = checkpoint.check_resume(workdir, config, allow_change=allow_config_change)

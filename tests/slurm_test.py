@@ -1,0 +1,291 @@
+"""Multi-process training and evaluation under a real SLURM scheduler.
+
+A single-node cluster on this machine (`scripts/local_slurm.sh up`: root, installs
+slurm-wlm and munge with apt-get if missing) runs the real entry points as `srun -n 2`:
+two processes of 2 CPU devices each (4 global devices) that `harness.distributed`
+starts from SLURM's variables, with cross-process collectives over gloo. Where the
+cluster cannot start (not root, no apt-get, a daemon fails) the slow tests are skipped
+with the reason.
+
+  parity   the per-step losses of `srun -n 2 train.py` are those of one process with
+           the same global batch and 4 devices (1e-5), and so is the final evaluation
+  kill -9  one task killed after the first checkpoint is on disk; the same submission
+           again resumes from it and ends with exactly the parameters of an
+           uninterrupted run
+  eval     `srun -n 2 eval.py` gives the numbers of a single-process eval.py
+
+The quick tests check when `harness.distributed` starts a multi-process run, and that
+bad explicit flags are one line, without a cluster.
+"""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from rope_jax import harness
+from rope_jax.harness import checkpoint, distributed, metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLUSTER_SCRIPT = os.path.join(ROOT, "scripts", "local_slurm.sh")
+JOB_NAME = "rope_jax_slurm_test"
+NUM_STEPS, CKPT_EVERY = 12, 4
+# Each process: 2 CPU devices; XLA at a low optimisation level compiles in half the time.
+XLA_FLAGS = "--xla_force_host_platform_device_count={} --xla_backend_optimization_level=0"
+SLURM_JOB = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "node[01-02]", "SLURM_NTASKS": "2",
+             "SLURM_PROCID": "1", "SLURM_LOCALID": "0"}  # fmt: skip
+
+
+def train_flags(data_dir: str, workdir: str) -> list[str]:
+    """The tiny LM (1 layer, D=32), 12 steps of 8 x 32 tokens, checkpoints every 4."""
+    return [
+        "--config=configs/lm.py:size=tiny",
+        "--config.model.num_layers=1",
+        "--config.model.embed_dim=32",
+        "--config.model.num_heads=2",
+        "--config.model.num_kv_heads=1",
+        "--config.model.head_dim=16",
+        "--config.model.mlp_dim=64",
+        f"--config.data.data_dir={data_dir}",
+        "--config.data.seq_len=32",
+        "--config.data.global_batch_size=8",
+        f"--config.train.num_steps={NUM_STEPS}",
+        "--config.train.log_every_steps=1",
+        f"--config.train.ckpt_every_steps={CKPT_EVERY}",
+        "--config.train.eval_every_steps=0",
+        "--config.eval.batch_size=8",
+        "--config.eval.num_batches=2",
+        f"--workdir={workdir}",
+    ]
+
+
+def srun(tasks: int = 2) -> list[str]:
+    """srun of `tasks` tasks of one CPU each; the whole step ends when one task fails
+    (-K), and it gives up when the node stays busy for a minute (-I60)."""
+    return ["srun", f"--ntasks={tasks}", "--cpus-per-task=1", "--kill-on-bad-exit=1",
+            "--immediate=60", f"--job-name={JOB_NAME}"]  # fmt: skip
+
+
+def run(command: list[str], env: dict, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=ROOT, env=env, text=True, capture_output=True,
+                          timeout=timeout)  # fmt: skip
+
+
+def gloo_free(text: str) -> str:
+    """`text` without gloo's "[Gloo] Rank i is connected to ..." lines (CPU collectives
+    print them on stdout, from every process)."""
+    return "\n".join(line for line in text.splitlines() if not line.startswith("[Gloo]"))
+
+
+def losses(workdir: str) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in metrics.read_jsonl(workdir) if "loss" in r}
+
+
+def eval_numbers(workdir: str) -> dict:
+    return {r["step"]: r for r in metrics.read_jsonl(workdir) if "eval/loss" in r}
+
+
+# ------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """The local cluster, started for this module (and stopped after it, unless it was
+    running before); the module is skipped, with the reason, where it cannot start."""
+    if os.geteuid() != 0:
+        pytest.skip("local SLURM cluster needs root (it installs packages, starts daemons)")
+    was_up = _has("sinfo") and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0
+    proc = subprocess.run(["bash", CLUSTER_SCRIPT, "up"], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    if proc.returncode != 0:
+        reason = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        pytest.skip(f"local SLURM cluster did not start: {reason}")
+    yield proc.stdout.strip()
+    subprocess.run(["scancel", f"--name={JOB_NAME}"], capture_output=True)
+    if not was_up:
+        subprocess.run(["bash", CLUSTER_SCRIPT, "down"], capture_output=True)
+
+
+def _has(program: str) -> bool:
+    return any(os.access(os.path.join(d, program), os.X_OK)
+               for d in os.environ.get("PATH", "").split(os.pathsep))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """The environment of every run: no SLURM variables of an enclosing job, a shared
+    persistent compilation cache, unbuffered output, 2 CPU devices per process."""
+    cache = str(tmp_path_factory.mktemp("xla_cache"))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    return dict(base, JAX_PLATFORMS="cpu", XLA_FLAGS=XLA_FLAGS.format(2),
+                JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                PYTHONUNBUFFERED="1")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def one_process(data_dir, env, tmp_path_factory):
+    """A finished single-process run with the same global batch on 4 devices."""
+    workdir = str(tmp_path_factory.mktemp("one") / "run")
+    proc = run([sys.executable, "train.py", *train_flags(data_dir, workdir)],
+               dict(env, XLA_FLAGS=XLA_FLAGS.format(4)))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def two_processes(cluster, data_dir, env, tmp_path_factory):
+    """A finished `srun -n 2` run: (workdir, stdout)."""
+    workdir = str(tmp_path_factory.mktemp("two") / "run")
+    proc = run([*srun(), sys.executable, "train.py", *train_flags(data_dir, workdir)], env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return workdir, proc.stdout
+
+
+def final_params(workdir: str):
+    """(step, parameter arrays) of the newest checkpoint, restored in this process."""
+    config = checkpoint.load_config(workdir)
+    run_ = harness.build(config)
+    mngr = checkpoint.Manager(workdir, read_only=True)
+    try:
+        step = mngr.latest_step()
+        state, _ = mngr.restore(step, run_.abstract)
+    finally:
+        mngr.close()
+    return step, jax.tree.leaves(jax.device_get(state["params"]))
+
+
+# ------------------------------------------------------------------------ slow tests
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one(one_process, two_processes):
+    workdir, out = two_processes
+    assert "4 cpu devices" in out, out  # 2 processes x 2 devices, one global mesh
+    assert out.count("compiling the train step") == 1, out  # printed by process 0 only
+    step_dir = os.path.join(workdir, "checkpoints", str(NUM_STEPS))
+    assert sorted(map(os.path.basename, glob.glob(os.path.join(step_dir, "checksums.*")))) == [
+        "checksums.process_0.json",
+        "checksums.process_1.json",
+    ]
+    one, two = losses(one_process), losses(workdir)
+    assert sorted(one) == sorted(two) == list(range(1, NUM_STEPS + 1))
+    np.testing.assert_allclose([two[s] for s in one], [one[s] for s in one], rtol=0, atol=1e-5)
+    (e1,), (e2,) = eval_numbers(one_process).values(), eval_numbers(workdir).values()
+    assert e1["eval/tokens"] == e2["eval/tokens"] == 2 * 8 * 32
+    np.testing.assert_allclose(e2["eval/loss"], e1["eval/loss"], rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_kill_9_of_one_task_then_the_same_submission_resumes_exactly(
+    cluster, data_dir, env, two_processes, tmp_path
+):
+    workdir = str(tmp_path / "run")
+    pids = str(tmp_path / "pid")
+    task = ["bash", "-c", f'echo $$ > {pids}.$SLURM_PROCID; exec "$@"', "task"]
+    command = [*srun(), *task, sys.executable, "train.py", *train_flags(data_dir, workdir)]
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    first = os.path.join(workdir, "checkpoints", str(CKPT_EVERY))
+    sums = [os.path.join(first, f"checksums.process_{i}.json") for i in (0, 1)]
+    try:
+        deadline = time.time() + 180
+        while not all(map(os.path.exists, sums)):
+            assert proc.poll() is None, f"ended before a checkpoint: {proc.stdout.read()}"
+            assert time.time() < deadline, "no first checkpoint after 180 s"
+            time.sleep(0.02)
+        with open(f"{pids}.1") as f:
+            os.kill(int(f.read()), signal.SIGKILL)  # task 1, mid-run
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, out
+    assert not os.path.exists(os.path.join(workdir, "checkpoints", str(NUM_STEPS))), out
+    again = run([*srun(), sys.executable, "train.py", *train_flags(data_dir, workdir)], env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    resumed = [line for line in again.stdout.splitlines() if line.startswith("resumed from")]
+    assert len(resumed) == 1 and int(resumed[0].split()[3]) < NUM_STEPS, again.stdout
+    step_a, a = final_params(two_processes[0])
+    step_b, b = final_params(workdir)
+    assert step_a == step_b == NUM_STEPS
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+    after = int(resumed[0].split()[3])
+    reference, rerun = losses(two_processes[0]), losses(workdir)
+    assert all(rerun[s] == reference[s] for s in range(after + 1, NUM_STEPS + 1))
+
+
+@pytest.mark.slow
+def test_two_process_eval_gives_the_single_process_numbers(two_processes, env):
+    workdir, _ = two_processes
+    flags = [f"--workdir={workdir}", "--seq_lens=32,64"]
+    two = run([*srun(), sys.executable, "eval.py", *flags, "--tag=two"], env)
+    assert two.returncode == 0, two.stdout + two.stderr
+    one = run([sys.executable, "eval.py", *flags, "--tag=one"], env)
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert json.loads(gloo_free(two.stdout))["step"] == NUM_STEPS  # one JSON: process 0's
+    a = json.load(open(os.path.join(workdir, f"eval_{NUM_STEPS}_one.json")))
+    b = json.load(open(os.path.join(workdir, f"eval_{NUM_STEPS}_two.json")))
+    for length in ("32", "64"):
+        assert a[length]["tokens"] == b[length]["tokens"] > 0
+        for key in ("loss", "accuracy", "bits_per_byte"):
+            np.testing.assert_allclose(b[length][key], a[length][key], rtol=1e-5)
+
+
+# ----------------------------------------------------------------------- quick tests
+
+
+def test_a_plain_process_is_left_alone(monkeypatch):
+    for name in [*SLURM_JOB, "JAX_COORDINATOR_ADDRESS"]:
+        monkeypatch.delenv(name, raising=False)
+    assert distributed.plan(environ={}) is None
+    assert distributed.initialize() is None
+    assert not jax.distributed.is_initialized() and jax.process_count() == 1
+
+
+def test_when_a_run_is_several_processes():
+    plan = distributed.plan
+    assert plan(environ=SLURM_JOB) == ("slurm", {})
+    assert plan(environ={**SLURM_JOB, "SLURM_NTASKS": "1"}) is None  # srun -n 1
+    batch_shell = {k: v for k, v in SLURM_JOB.items() if k != "SLURM_STEP_NODELIST"}
+    assert plan(environ=batch_shell) is None  # an sbatch script's own shell: not a task
+    assert plan(environ={"JAX_COORDINATOR_ADDRESS": "h:1"}) == ("env", {})
+    assert plan(environ={}, on_tpu_vm=True) == ("tpu", {})
+    explicit = plan("10.0.0.1:1234", 2, 1, environ=SLURM_JOB)  # explicit flags win
+    assert explicit == ("explicit", {"coordinator_address": "10.0.0.1:1234",
+                                     "num_processes": 2, "process_id": 1})  # fmt: skip
+    assert plan("10.0.0.1:1234", 1, 0, environ={}) is None  # one process: nothing to start
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((None, 2, None), "--num_processes also needs --coordinator_address and --process_id"),
+        (("h:1", 2, 2), r"--process_id=2 must lie in \[0, 2\)"),
+        (("h:1", 0, 0), "--num_processes=0 must be >= 1"),
+        (("h", 2, 0), "--coordinator_address='h' must be HOST:PORT"),
+        (("h:70000", 2, 0), "port in 1-65535"),
+    ],
+)
+def test_bad_explicit_flags_are_one_line(args, message):
+    with pytest.raises(distributed.DistributedFlagError, match=message) as e:
+        distributed.plan(*args, environ={})
+    assert "\n" not in str(e.value)
+
+
+def test_bad_explicit_flags_on_the_command_line_are_one_error_line():
+    proc = run([sys.executable, "train.py", "--config=configs/lm.py:size=tiny",
+                "--workdir=/nonexistent/never", "--process_id=1"],
+               {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: --process_id also needs --coordinator_address and --num_processes "
+        "(--coordinator_address, --num_processes and --process_id go together)"
+    ]
