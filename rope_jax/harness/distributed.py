@@ -21,7 +21,9 @@ A run is one of several processes, and `jax.distributed.initialize` is called, w
              workers of the slice from the TPU metadata (one worker: one process).
 
 `process_0_first(fn)` runs work that must not race (building a dataset in a shared
-directory) on process 0 before the others.
+directory) on process 0 before the others; `any_process(flag)` is True on every
+process when the flag is True on one (how a SIGTERM that reached some processes
+becomes one agreed stop step).
 
 Otherwise (a plain process, a batch script's own shell step, `srun -n 1`) nothing is
 done. On the CPU backend cross-process collectives go over gloo
@@ -38,6 +40,7 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple, TypeVar
 
 import jax
+import numpy as np
 from absl import flags
 from jax.experimental import multihost_utils
 
@@ -207,3 +210,12 @@ def describe_failure(chosen: Plan, error: Exception) -> str:
     text = str(error).strip().splitlines()
     first = text[0] if text else type(error).__name__
     return f"starting the multi-process run ({how}) failed: {first[:300]}"
+
+
+def any_process(flag: bool) -> bool:
+    """True on every process if `flag` is True on any (all processes must call it at
+    the same point); the flag itself for a single process."""
+    if jax.process_count() == 1:
+        return bool(flag)
+    flags_ = multihost_utils.process_allgather(np.asarray([int(bool(flag))], np.int32))
+    return bool(np.asarray(flags_).any())

@@ -68,7 +68,12 @@ def print_dry_run(config) -> dict:
 class Interrupts:
     """SIGTERM and a first Ctrl-C (SIGINT) ask the loop to save after the current step
     and return; a second Ctrl-C raises KeyboardInterrupt at once. A context manager
-    that installs the handlers (main thread only) and restores the previous ones."""
+    that installs the handlers (main thread only) and restores the previous ones.
+
+    In a run of several processes the signal may reach them at different steps (or
+    only some): the processes agree at each log step (`distributed.any_process`), so all
+    save the same step, the first log step after the signal (`train.log_every_steps`
+    must fit in the scheduler's grace time between SIGTERM and SIGKILL)."""
 
     NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
 
@@ -305,8 +310,9 @@ def loop(session: _Session, state, start: int, batches) -> dict | None:
 
     if start < num_steps:
         console.say(f"compiling the train step ({_size(run)})...")
+    several = jax.process_count() > 1
     for step in range(start + 1, num_steps + 1):
-        if session.stop.signal is not None and step == start + 1:
+        if session.stop.signal is not None and step == start + 1 and not several:
             console.say(f"{session.stop.name} before the first step: nothing to save")
             return result
         state, step_metrics = run.train_step(state, next(batches))  # batches: on devices
@@ -314,8 +320,10 @@ def loop(session: _Session, state, start: int, batches) -> dict | None:
         if step == start + 1:
             jax.block_until_ready(step_metrics["loss"])
             session.first_step_done(step)
-        stopping = session.stop.signal is not None  # read once: it may land mid-step
         log = step % config.train.log_every_steps == 0 or step == num_steps
+        stopping = session.stop.signal is not None  # read once: it may land mid-step
+        if several:  # a signal may reach the processes at different steps: all stop at the
+            stopping = log and distributed.any_process(stopping)  # first log step after it
         save = step == num_steps or stopping or (every and step % every == 0)
         if log or save:  # one host sync per log/save: check every pending step's loss
             session.last_loss = _checked_losses(pending, step, session)[-1]
