@@ -97,13 +97,33 @@ def test_one_seed_table_says_std_is_na_and_rows_outside_the_article_get_a_dash(t
     for name, base, loss in [("a", 1, 3.0), ("b", 2, 3.5), ("new", 3, 3.2)]:
         report["rows"][name] = {"overrides": {"model.rope.base": base}, "runs": [run(loss)]}
     md = report_lib.render_markdown(report)
-    assert "| row | sites or overrides | loss @32 (T) mean ± std | loss @64 (2T) | rank |" in md
-    assert "| a | `model.rope.base=1` | 3.0000 ± n/a | 4.0000 | 1 | 2.000 | 2 |" in md
-    assert "| new | `model.rope.base=3` | 3.2000 ± n/a | 4.2000 | 2 | — | — |" in md
+    assert "| row | sites or overrides | loss @32 (T) mean ± std | loss @64 (2T) mean ± std |" in md
+    assert "| a | `model.rope.base=1` | 3.0000 ± n/a | 4.0000 ± n/a | 1 | 2.000 | 2 |" in md
+    assert "| new | `model.rope.base=3` | 3.2000 ± n/a | 4.2000 ± n/a | 2 | — | — |" in md
     assert "one seed, so std is n/a" in md and "over the 2 rows in both: -1.000" in md
     assert "- a < new: gap 0.2000, n/a (one seed)" in md
     report_lib.plot(report, str(tmp_path / "one_seed.png"))  # no error bars to draw: no crash
     assert (tmp_path / "one_seed.png").stat().st_size > 10_000
+
+
+def test_extrapolation_is_reported_per_run_with_seed_noise_verdicts():
+    def run(seed, at_t, at_4t):
+        return {"seed": seed, "step": 10, "loss": {"32": at_t, "128": at_4t},
+                "eval_curve": [[10, at_t]]}  # fmt: skip
+
+    rows = {"qk": [(0, 1.80, 2.50), (1, 1.82, 2.12)],  # grows +0.70 and +0.30: noisy
+            "vo": [(0, 1.90, 2.40), (1, 1.92, 2.44)],  # +0.50 and +0.52: steady
+            "nope": [(0, 2.30, 2.40), (1, 2.31, 2.42)]}  # +0.10 and +0.11  # fmt: skip
+    report = {"config": "c.py", "title": "", "command": "x", "date": "d", "jax": "0",
+              "device": "cpu", "settings": {}, "seeds": [0, 1], "seq_lens": ["32", "128"],
+              "eval_split": "validation", "article_loss": None,
+              "rows": {n: {"overrides": {"model.rope.sites": n}, "runs": [run(*x) for x in r]}
+                       for n, r in rows.items()}}  # fmt: skip
+    md = report_lib.render_markdown(report)
+    assert "| qk | `qk` | 1.8100 ± 0.0141 | 2.3100 ± 0.2687 | 1 |" in md
+    assert "- nope: +0.1050 ± 0.0071" in md and "- qk: +0.5000 ± 0.2828" in md
+    assert "- nope < qk: gap 0.3950, resolved" in md
+    assert "- qk < vo: gap 0.0100, within seed noise" in md  # qk's seeds disagree
 
 
 def test_plots_give_up_to_twenty_rows_distinct_colours_and_one_seed_no_error_bars(monkeypatch):

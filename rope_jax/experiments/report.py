@@ -60,16 +60,19 @@ def tokenizers_differ(report: dict) -> bool:
 
 
 def summarize(report: dict) -> list[dict]:
-    """Rows sorted by our rank: mean/std per length, our rank, the article's loss/rank.
+    """Rows sorted by our rank: mean/std per length, our rank, the article's loss/rank,
+    and "degrade": mean/std over seeds of each run's loss @longest - loss @T.
 
     The rank is by loss @T, or by bits/byte @T when rows differ in tokenizer ("bpb":
     mean/std of bits per byte @T, None where a run has no byte counts)."""
     t = report["seq_lens"][0]
     has_bytes = lambda runs: all(r.get("bits_per_byte", {}).get(t) for r in runs)
     bpb = lambda runs: mean_std([r["bits_per_byte"][t] for r in runs]) if has_bytes(runs) else None
+    last = report["seq_lens"][-1]
     rows = [{"name": name, "overrides": row["overrides"], "bpb": bpb(row["runs"]),
              "stats": {t: mean_std([r["loss"][t] for r in row["runs"]])
-                       for t in report["seq_lens"]}}
+                       for t in report["seq_lens"]},
+             "degrade": mean_std([r["loss"][last] - r["loss"][t] for r in row["runs"]])}
             for name, row in report["rows"].items()]  # fmt: skip
     by_bytes = tokenizers_differ(report) and all(r["bpb"] for r in rows)
     ours = ranks({r["name"]: (r["bpb"] if by_bytes else r["stats"][t])[0] for r in rows})
@@ -101,7 +104,7 @@ def render_markdown(report: dict) -> str:
     by_bytes = tokenizers_differ(report) and all(r["bpb"] for r in rows)
     head = ["row", what, f"loss @{t} (T) mean ± std"]
     head += [f"bits/byte @{t} mean ± std"] if by_bytes else []
-    head += [f"loss @{s} ({int(s) // int(t)}T)" for s in lens[1:]] + ["rank"]
+    head += [f"loss @{s} ({int(s) // int(t)}T) mean ± std" for s in lens[1:]] + ["rank"]
     # KV-cache bytes per token, shown when rows differ in it (tied vs separate K/V, ...).
     kv = report.get("kv_bytes") or {}
     kv = kv if len({kv.get(r["name"]) for r in rows}) > 1 else {}
@@ -115,7 +118,7 @@ def render_markdown(report: dict) -> str:
             what = f"`{r['overrides']['model.rope.sites']}`".replace("``", "NoPE")
         cells = [r["name"], what, _pm((mean, std), "{:.4f}")]
         cells += [_pm(r["bpb"], "{:.4f}")] if by_bytes else []
-        cells += [f"{r['stats'][s][0]:.4f}" for s in lens[1:]] + [str(r["rank"])]
+        cells += [_pm(r["stats"][s], "{:.4f}") for s in lens[1:]] + [str(r["rank"])]
         cells += [f"{kv[r['name']]:,}"] if kv else []
         if article:
             has = r["article"] is not None
@@ -142,7 +145,24 @@ def render_markdown(report: dict) -> str:
     if pairs:
         out += ["", "Adjacent pairs of our ranking (resolved: gap > sqrt(std_a² + std_b²)):"]
     out += pair_lines(pairs, "<", digits=4)
+    out += _extrapolation_lines(rows, t, lens[-1]) if len(lens) > 1 else []
     return "\n".join(out) + "\n"
+
+
+def _extrapolation_lines(rows: list[dict], t: str, last: str) -> list[str]:
+    """How much each row's loss grows from T to the longest length, mean ± std over
+    seeds (each run's own difference), least first, and which adjacent gaps the seed
+    noise resolves: extrapolation varies across seeds far more than loss @T does."""
+    means = {r["name"]: r["degrade"][0] for r in rows}
+    stds = {r["name"]: r["degrade"][1] for r in rows}
+    factor = int(last) // int(t)
+    out = ["", f"Extrapolation: loss @{last} ({factor}T) - loss @{t} (T) per run, mean ± std "
+           "over seeds, least growth first:", ""]  # fmt: skip
+    spread = lambda sd: "n/a" if sd is None else f"{sd:.4f}"
+    out += [f"- {name}: {means[name]:+.4f} ± {spread(stds[name])}"
+            for name in sorted(means, key=means.get)]  # fmt: skip
+    out += ["", "Adjacent pairs (resolved: gap > sqrt(std_a² + std_b²)):"]
+    return out + pair_lines(resolved_pairs(means, stds), "<", digits=4)
 
 
 def pair_lines(pairs: list[dict], relation: str, digits: int) -> list[str]:
