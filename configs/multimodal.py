@@ -8,6 +8,8 @@
 
 Arg keys: size (tiny | small | 1b), row (a key of ROWS, or of VIDEO_ROWS with video=true),
 video (false: images on 2 axes (h, w); true: videos on 3 axes (t, h, w)), steps (0 = 600).
+VIDEO_ROWS add the video-only variants: Qwen3-VL's interleaved M-RoPE, Qwen2.5-VL's
+time-aligned temporal ids and VideoRoPE (docs/maths.md#multimodal-rope-variants).
 The data (`rope_jax.data.multimodal`) interleaves text with h x w grids of real 8x8
 digits; every row of the sweep sees the same examples, and is scored on held-out
 digits (`test`) and three generalisation splits (`larger` grids, unseen `aspect`
@@ -16,20 +18,22 @@ ratios, `long_prefix` text before the image).
 
 from __future__ import annotations
 
+import ml_collections
+
 from configs import common
+from rope_jax import rotary
 
 
-def _sections(head_dim: int, num_axes: int) -> tuple[int, ...]:
-    """Qwen2-VL-like contiguous blocks of H/2 pairs: (1/2, 1/2) or (1/4, 3/8, 3/8)."""
-    pairs = head_dim // 2
-    if num_axes == 2:
-        return (pairs - pairs // 2, pairs // 2)
-    t = pairs // 4
-    return (t, (pairs - t) - (pairs - t) // 2, (pairs - t) // 2)
+def _sections(head_dim: int, num_axes: int, allocation: str = "sections") -> tuple[int, ...]:
+    """Pairs per axis of H/2 pairs scaled from the published splits (`rotary.reference_sections`):
+    (1/2, 1/2) on 2 axes; on 3, (1/4, 3/8, 3/8) for sections (Qwen2-VL) and videorope, and
+    (3/8, 5/16, 5/16) for mrope_interleaved (Qwen3-VL)."""
+    return rotary.reference_sections(allocation, head_dim, num_axes)
 
 
 # Row -> dotted overrides: the layout (data.scheme, docs/maths.md#multimodal-layouts)
-# and the rotation (model.rope). `model.rope.sections` is filled per size.
+# and the rotation (model.rope). `model.rope.sections` is filled per size for every
+# allocation but the default (interleaved).
 LAYOUT_ROWS = {
     "nope": {"model.rope.sites": "", "data.scheme": "flat"},
     "flat": {"data.scheme": "flat"},
@@ -48,8 +52,23 @@ VARIANT_ROWS = {
                           ("per_axis", {"model.rope.ladder": "per_axis"}))
 }  # fmt: skip
 ROWS = {**LAYOUT_ROWS, **VARIANT_ROWS}
+# Variants that need the time axis (on 2 axes mrope_interleaved with half / half sections
+# is the interleaved allocation of the mrope row).
+VIDEO_ONLY_ROWS = {
+    # Qwen3-VL: t, h, w take turns down the ladder, the slowest pairs left to t.
+    "mrope_interleaved": {"data.scheme": "mrope", "model.rope.allocation": "mrope_interleaved"},
+    # Qwen2.5-VL: frame f at temporal id floor(f s tokens_per_second), here 2 ids a frame.
+    "mrope_time": {"data.scheme": "mrope", "data.seconds_per_frame": 1.0,
+                   "data.tokens_per_second": 2.0},
+    # VideoRoPE: diagonal layout, frames delta = 2 ids apart, t on the slowest pairs.
+    "videorope": {"data.scheme": "videorope", "data.delta": 2.0,
+                  "model.rope.allocation": "videorope"},
+}  # fmt: skip
 # 2-D-only layouts (rope_tie, rope_tie_frac) cannot place a video.
-VIDEO_ROWS = {k: v for k, v in ROWS.items() if not k.startswith("rope_tie")}
+VIDEO_ROWS = {
+    **{k: v for k, v in ROWS.items() if not k.startswith("rope_tie")},
+    **VIDEO_ONLY_ROWS,
+}
 
 DATA = {False: ("digit_grids", 2), True: ("digit_videos", 3)}  # video -> (data.name, A)
 HELD_OUT = ("test", "larger", "aspect", "long_prefix")
@@ -69,9 +88,10 @@ def row_overrides(row: str, size: str = "tiny", video: bool = False) -> dict:
     if row not in table:
         raise ValueError(f"row={row!r} is not one of {', '.join(table)} (video={video})")
     out = dict(table[row])
-    if out.get("model.rope.allocation") == "sections":
+    allocation = out.get("model.rope.allocation", "interleaved")
+    if allocation != "interleaved":
         head_dim = common.size_preset(size)["head_dim"]
-        out["model.rope.sections"] = _sections(head_dim, DATA[video][1])
+        out["model.rope.sections"] = _sections(head_dim, DATA[video][1], allocation)
     return out
 
 
@@ -85,6 +105,13 @@ def get_config(arg: str | None = None):
     config.data.global_batch_size = 32  # questions per step
     config.data.eval_split = "validation"  # unseen digits, training grid shapes
     config.model.patch_dim = 64  # one 8x8 digit per patch; positions: (h, w) or (t, h, w)
+    # Layout settings (rope_jax.layouts.SETTINGS; None = unset): seconds between the frames
+    # of every video; mrope's temporal ids per second (Qwen2.5-VL time alignment, read with
+    # seconds_per_frame); videorope's temporal id step between frames (None = 2).
+    placeholder = ml_collections.config_dict.placeholder
+    config.data.seconds_per_frame = placeholder(float)
+    config.data.tokens_per_second = placeholder(float)
+    config.data.delta = placeholder(float)
     config.train.num_steps = arg.steps or 600
     config.train.eval_every_steps = 150
     config.train.ckpt_every_steps = 300

@@ -20,6 +20,19 @@ column of a patch):
   rope_tv        RoPE-Tie-v2: patch at `L + (n - dims)/2 + (f, r, c)` with `n` the
                  number of patches; next text at `L + n + 1`. An image on 3 axes is a
                  video with `t = 1`.
+  videorope      VideoRoPE's diagonal layout with temporal spacing `delta` (default
+                 2): frame f at `tau = L + 1 + delta (f - 1)`, patch at
+                 `(tau, tau + r - 1 - (h - 1) // 2, tau + c - 1 - (w - 1) // 2)`, the
+                 grid centred on its frame's time id; next text at `tau_last + 1`. An
+                 image is one frame; on 2 axes it keeps only the `(h, w)` ids.
+
+Settings (keywords of `positions`, `next_position` and `batch_positions`; `SETTINGS`
+names the schemes that read each; None = unset; docs/maths.md#multimodal-rope-variants):
+
+  tokens_per_second  mrope: Qwen2.5-VL time-aligned temporal ids. A video with
+                     `seconds_per_frame` s puts frame f at temporal id
+                     `L + 1 + floor((f - 1) s tokens_per_second)` instead of `L + f`.
+  delta              videorope: the temporal id step between frames (default 2).
 
 Shape letters: B batch, T tokens, A position axes.
 """
@@ -77,16 +90,36 @@ class Image:
         return self.h * self.w
 
 
+def _positive_number(name: str, value) -> float:
+    ok = isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
+    if not ok or not 0 < value < float("inf"):
+        raise ValueError(f"{name}={value!r} must be a positive number")
+    return float(value)
+
+
 @dataclasses.dataclass(frozen=True)
 class Video:
-    """A video of `t` frames of `h` rows by `w` columns of patches."""
+    """A video of `t` frames of `h` rows by `w` columns of patches.
+
+    `seconds_per_frame` is the time between consecutive frames of patches (Qwen2.5-VL's
+    `second_per_grid_t`); None = unknown. Only `mrope` with `tokens_per_second` reads it.
+    """
 
     t: int
     h: int
     w: int
+    seconds_per_frame: float | None = None
 
     def __post_init__(self):
         _check_sizes(self, "t", "h", "w")
+        if self.seconds_per_frame is not None:
+            spf = _positive_number("Video.seconds_per_frame", self.seconds_per_frame)
+            object.__setattr__(self, "seconds_per_frame", spf)
+
+    def __repr__(self) -> str:
+        spf = self.seconds_per_frame
+        timed = "" if spf is None else f", seconds_per_frame={spf}"
+        return f"Video(t={self.t}, h={self.h}, w={self.w}{timed})"
 
     @property
     def num_tokens(self) -> int:
@@ -94,9 +127,9 @@ class Video:
 
 
 Segment = Text | Image | Video
-# A scheme places one visual segment: (segment, L, num_axes) -> (positions [P, A]
-# float64, 1-D position of the next token).
-Scheme = Callable[[Segment, float, int], tuple[np.ndarray, float]]
+# A scheme places one visual segment: (segment, L, num_axes, **its settings) ->
+# (positions [P, A] float64, 1-D position of the next token).
+Scheme = Callable[..., tuple[np.ndarray, float]]
 
 
 def _dims_and_coords(seg: Image | Video, num_axes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -138,10 +171,26 @@ def _flat(seg: Segment, L: float, num_axes: int) -> tuple[np.ndarray, float]:
     return text_positions(L + 1.0, n, num_axes), L + 1.0 + n
 
 
-def _mrope(seg: Segment, L: float, num_axes: int) -> tuple[np.ndarray, float]:
+def _frame_steps(seg: Segment, tokens_per_second: float | None) -> np.ndarray | None:
+    """Qwen2.5-VL temporal offsets [t] of a video's frames, floor(f s tokens_per_second)
+    for f = 0..t-1 (s its seconds_per_frame); None unless both are set."""
+    spf = seg.seconds_per_frame if isinstance(seg, Video) else None
+    if spf is None or tokens_per_second is None:
+        return None
+    return np.floor(np.arange(seg.t, dtype=np.float64) * spf * tokens_per_second)
+
+
+def _mrope(
+    seg: Segment, L: float, num_axes: int, *, tokens_per_second: float | None = None
+) -> tuple[np.ndarray, float]:
     _visual_axes("mrope", seg, num_axes)
     dims, coords = _dims_and_coords(seg, num_axes)
-    return L + coords, L + dims.max() + 1.0
+    steps = _frame_steps(seg, tokens_per_second) if num_axes == 3 else None
+    if steps is None:
+        return L + coords, L + dims.max() + 1.0
+    coords = coords.copy()  # the cached grid is shared
+    coords[:, 0] = np.repeat(steps, seg.h * seg.w) + 1.0
+    return L + coords, L + max(steps[-1] + 1.0, seg.h, seg.w) + 1.0
 
 
 def _rope_tie_scheme(*, frac: bool) -> Scheme:
@@ -174,16 +223,59 @@ def _rope_tv(seg: Segment, L: float, num_axes: int) -> tuple[np.ndarray, float]:
     return L + (n - dims) / 2 + coords, L + n + 1.0
 
 
+VIDEOROPE_DELTA = 2.0  # VideoRoPE's temporal spacing when `delta` is unset
+
+
+def _videorope(
+    seg: Segment, L: float, num_axes: int, *, delta: float | None = None
+) -> tuple[np.ndarray, float]:
+    _visual_axes("videorope", seg, num_axes)
+    delta = VIDEOROPE_DELTA if delta is None else delta
+    t = seg.t if isinstance(seg, Video) else 1
+    _, coords = _grid(t, seg.h, seg.w, 3)  # 1-based (f, r, c)
+    tau = L + 1.0 + delta * (coords[:, 0] - 1.0)  # the frame's time id
+    rows = tau + coords[:, 1] - 1.0 - (seg.h - 1) // 2
+    cols = tau + coords[:, 2] - 1.0 - (seg.w - 1) // 2
+    pos = np.stack([tau, rows, cols], axis=-1)[:, 3 - num_axes :]
+    return pos, L + 2.0 + delta * (t - 1)
+
+
 SCHEMES: dict[str, Scheme] = {
     "flat": _flat,
     "mrope": _mrope,
     "rope_tie": _rope_tie_scheme(frac=False),
     "rope_tie_frac": _rope_tie_scheme(frac=True),
     "rope_tv": _rope_tv,
+    "videorope": _videorope,
+}
+# Setting -> the schemes that read it (keywords of `positions` and friends).
+SETTINGS: dict[str, tuple[str, ...]] = {
+    "tokens_per_second": ("mrope",),
+    "delta": ("videorope",),
 }
 
 
-def _check_args(segments: Sequence[Segment], scheme: str, num_axes: int) -> Scheme:
+def check_settings(scheme: str, **settings) -> dict[str, float]:
+    """The settings that are set (not None), checked: each a positive number read by
+    `scheme`. Raises ValueError naming the setting."""
+    out = {}
+    for name, value in settings.items():
+        if name not in SETTINGS:
+            raise ValueError(f"unknown layout setting {name!r}; allowed: {', '.join(SETTINGS)}")
+        if value is None:
+            continue
+        value = _positive_number(name, value)
+        if scheme not in SETTINGS[name]:
+            readers = ", ".join(map(repr, SETTINGS[name]))
+            raise ValueError(f"{name}={value!r} is read by scheme {readers} only, not {scheme!r}")
+        out[name] = value
+    return out
+
+
+def _check_args(
+    segments: Sequence[Segment], scheme: str, num_axes: int, settings: dict | None = None
+) -> Scheme:
+    """The scheme's placing function, its settings bound; ValueError on a bad argument."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown layout scheme {scheme!r}; allowed: {', '.join(SCHEMES)}")
     if isinstance(num_axes, bool) or not isinstance(num_axes, int | np.integer) or num_axes < 1:
@@ -191,12 +283,15 @@ def _check_args(segments: Sequence[Segment], scheme: str, num_axes: int) -> Sche
     for i, seg in enumerate(segments):
         if not isinstance(seg, Text | Image | Video):
             raise ValueError(f"segment {i} is {seg!r}; expected Text, Image or Video")
-    return SCHEMES[scheme]
+    settings = check_settings(scheme, **(settings or {}))
+    return functools.partial(SCHEMES[scheme], **settings) if settings else SCHEMES[scheme]
 
 
-def _layout(segments: Sequence[Segment], scheme: str, num_axes: int) -> tuple[np.ndarray, float]:
+def _layout(
+    segments: Sequence[Segment], scheme: str, num_axes: int, settings: dict | None = None
+) -> tuple[np.ndarray, float]:
     """Positions [T, A] float64 and the 1-D position of the next token."""
-    place = _check_args(segments, scheme, num_axes)
+    place = _check_args(segments, scheme, num_axes, settings)
     num_axes = int(num_axes)
     blocks, start = [np.zeros((0, num_axes))], 0.0
     for seg in segments:
@@ -206,26 +301,40 @@ def _layout(segments: Sequence[Segment], scheme: str, num_axes: int) -> tuple[np
     return np.concatenate(blocks, axis=0), float(start)
 
 
-def positions(segments: Sequence[Segment], scheme: str, num_axes: int) -> np.ndarray:
+def positions(segments: Sequence[Segment], scheme: str, num_axes: int, **settings) -> np.ndarray:
     """Position ids of every token and patch of one sequence.
 
     Args:
       segments: the sequence, e.g. `[Text(5), Image(h=3, w=4), Text(2)]`.
       scheme: a name from `SCHEMES`.
       num_axes: A, the number of position axes (`(h, w)` for 2, `(t, h, w)` for 3).
+      **settings: the scheme's settings (`SETTINGS`: tokens_per_second for mrope,
+        delta for videorope); None = unset.
 
     Returns:
       positions [T, A] float32, T = `num_tokens(segments)`; first text token at 0.
 
     Raises:
-      ValueError: unknown scheme, or a segment the scheme cannot place on `num_axes`.
+      ValueError: unknown scheme, a segment the scheme cannot place on `num_axes`, or a
+        setting that is not a positive number read by the scheme.
     """
-    return _layout(segments, scheme, num_axes)[0].astype(np.float32)
+    return _layout(segments, scheme, num_axes, settings)[0].astype(np.float32)
 
 
-def next_position(segments: Sequence[Segment], scheme: str, num_axes: int) -> float:
+def next_position(segments: Sequence[Segment], scheme: str, num_axes: int, **settings) -> float:
     """1-D position a text token appended after `segments` takes (for decoding)."""
-    return _layout(segments, scheme, num_axes)[1]
+    return _layout(segments, scheme, num_axes, settings)[1]
+
+
+def timed(segments: Sequence[Segment], seconds_per_frame: float | None) -> list[Segment]:
+    """`segments` with every video given `seconds_per_frame` (None: returned as they are)."""
+    if seconds_per_frame is None:
+        return list(segments)
+    _positive_number("seconds_per_frame", seconds_per_frame)
+    return [
+        dataclasses.replace(s, seconds_per_frame=seconds_per_frame) if isinstance(s, Video) else s
+        for s in segments
+    ]
 
 
 def text_positions(start, length: int, num_axes: int, *, xp=np):
@@ -267,6 +376,7 @@ def batch_positions(
     seq_len: int,
     *,
     truncate: bool = False,
+    **settings,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Positions of a batch of sequences, padded (or cut) to `seq_len`.
 
@@ -279,17 +389,18 @@ def batch_positions(
       num_axes: A.
       seq_len: T, the padded length.
       truncate: cut sequences longer than `seq_len` instead of raising.
+      **settings: the scheme's settings, as in `positions`.
 
     Returns:
       (positions [B, T, A] float32, mask [B, T] bool, True on real tokens).
     """
-    _check_args((), scheme, num_axes)
+    _check_args((), scheme, num_axes, settings)
     if isinstance(seq_len, bool) or not isinstance(seq_len, int | np.integer) or seq_len < 1:
         raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
     out = np.empty((len(batch), seq_len, int(num_axes)), np.float32)
     mask = np.zeros((len(batch), seq_len), bool)
     for b, segments in enumerate(batch):
-        pos, start = _layout(segments, scheme, num_axes)
+        pos, start = _layout(segments, scheme, num_axes, settings)
         n = len(pos)
         if n > seq_len:
             if not truncate:
@@ -307,22 +418,28 @@ def batch_positions(
 _KINDS = {"text": (Text, 1), "image": (Image, 2), "video": (Video, 3)}
 
 
+_SEGMENT = re.compile(r"\s*([a-zA-Z]+)\s*:\s*(\d+(?:\s*x\s*\d+)*)\s*(?:@\s*([^\s,]+)\s*)?")
+
+
 def parse_segments(spec: str) -> list[Segment]:
-    """Parses `"text:4,image:3x5,video:2x3x3,text:3"` (image `HxW`, video `TxHxW`)."""
+    """Parses `"text:4,image:3x5,video:2x3x3,text:3"` (image `HxW`, video `TxHxW`, or
+    `TxHxW@S` for a video with S seconds per frame)."""
     if not spec.strip():
         return []
     segments = []
     for item in spec.split(","):
-        match = re.fullmatch(r"\s*([a-zA-Z]+)\s*:\s*(\d+(?:\s*x\s*\d+)*)\s*", item)
+        match = _SEGMENT.fullmatch(item)
         kind = match and _KINDS.get(match.group(1).lower())
         sizes = [int(s) for s in match.group(2).split("x")] if match else []
-        if not kind or len(sizes) != kind[1]:
+        timed_ok = not (match and match.group(3)) or (kind and kind[0] is Video)
+        if not kind or len(sizes) != kind[1] or not timed_ok:
             raise ValueError(
                 f"bad segment {item.strip()!r} in {spec!r}: expected text:N, "
-                "image:HxW or video:TxHxW separated by commas"
+                "image:HxW or video:TxHxW[@seconds_per_frame] separated by commas"
             )
         try:
-            segments.append(kind[0](*sizes))
+            extra = {"seconds_per_frame": float(match.group(3))} if match.group(3) else {}
+            segments.append(kind[0](*sizes, **extra))
         except ValueError as e:
             raise ValueError(f"bad segment {item.strip()!r} in {spec!r}: {e}") from None
     return segments
@@ -330,7 +447,13 @@ def parse_segments(spec: str) -> list[Segment]:
 
 def format_segments(segments: Sequence[Segment]) -> str:
     """Inverse of `parse_segments`."""
-    names = {Text: "text", Image: "image", Video: "video"}
-    return ",".join(
-        f"{names[type(s)]}:" + "x".join(str(v) for v in dataclasses.astuple(s)) for s in segments
-    )
+    return ",".join(_format(s) for s in segments)
+
+
+def _format(seg: Segment) -> str:
+    if isinstance(seg, Text):
+        return f"text:{seg.n}"
+    if isinstance(seg, Image):
+        return f"image:{seg.h}x{seg.w}"
+    spf = "" if seg.seconds_per_frame is None else f"@{seg.seconds_per_frame!r}"
+    return f"video:{seg.t}x{seg.h}x{seg.w}{spf}"

@@ -15,8 +15,12 @@ Vocabulary (the same names as the config fields `config.model.rope.*`):
               "per_axis": each axis gets its own geometric ladder over its own pairs.
   layout      how the H numbers form pairs: "half" pairs (i, i + P) (GPT-NeoX / LLaMA
               rotate_half); "interleaved" pairs (2i, 2i + 1) (RoFormer / GPT-J).
-  allocation  which axis drives pair i: "interleaved" a(i) = i mod A; "sections"
-              contiguous blocks of sizes `sections` (Qwen2-VL's mrope_section).
+  allocation  which axis drives pair i (`ALLOCATIONS`): "interleaved" a(i) = i mod A;
+              "sections" contiguous blocks of sizes `sections` (Qwen2-VL's mrope_section);
+              "mrope_interleaved" Qwen3-VL's interleaved M-RoPE: a(i) = i mod A while
+              i < A * sections[i mod A], else axis 0; "videorope" VideoRoPE's
+              low-frequency temporal allocation: the last sections[0] pairs (the slowest)
+              follow axis 0 (t), the others take turns over axes 1..A-1.
   scaling     a context-scaling rule with Hugging Face's `rope_parameters` keys
               (`rope_jax.scaling`): rope_type linear | dynamic | yarn | longrope | llama3 |
               proportional, partial_rotary_factor, ...; None = plain RoPE.
@@ -24,8 +28,8 @@ Vocabulary (the same names as the config fields `config.model.rope.*`):
 
 These seven settings form one value, `RopeSpec`, validated when it is made. Every
 function takes a spec, or its fields as keywords (`rotate(x, p, layout="interleaved")`),
-or both (keywords override the spec's fields). The maths is in docs/maths.md#rotation
-and docs/maths.md#context-scaling.
+or both (keywords override the spec's fields). The maths is in docs/maths.md#rotation,
+docs/maths.md#multimodal-rope-variants and docs/maths.md#context-scaling.
 
 With a scaling rule the frequencies are `scaling.scaled_frequencies`; with
 partial_rotary_factor < 1 only the first D = 2P' numbers of a head rotate (the layout's
@@ -54,7 +58,7 @@ LADDERS = ("standard", "per_axis")
 # Scaling rules whose frequencies depend on the current length (`seq_len`).
 LENGTH_RULES = ("dynamic", "longrope")
 LAYOUTS = ("half", "interleaved")
-ALLOCATIONS = ("interleaved", "sections")
+# ALLOCATIONS (name -> rule placing the pairs on the axes) is defined with its rules below.
 
 
 # ------------------------------------------------------------------------ the spec
@@ -64,15 +68,16 @@ ALLOCATIONS = ("interleaved", "sections")
 class RopeSpec:
     """Every rotation setting but the positions: validated once, passed as one value.
 
-    Fields as in the module docstring; `sections` is a tuple of pairs per axis (only
-    with allocation="sections"). `scaling` may be given as a dict (or ConfigDict) of HF
-    keys; it is checked by `scaling.check_scaling`, its defaults filled, and stored as a
-    sorted tuple of (key, value) pairs (lists as tuples), or None when it is plain RoPE
-    (rope_type "default" over the whole head). `max_position_embeddings` is kept only
-    with a scaling rule. Hashable, so the per-shape frequency table is cached. Whether
-    the sections and the scaling fit a head (sections sum to P', one per axis; the
-    rotated dims; factor lists of length P') is checked with the head size, in
-    `pair_table`.
+    Fields as in the module docstring; `sections` is a tuple of pairs per axis (read
+    by every allocation but "interleaved", which ignores it). `scaling` may be given as
+    a dict (or ConfigDict) of HF keys; it is checked by `scaling.check_scaling`, its
+    defaults filled, and stored as a sorted tuple of (key, value) pairs (lists as
+    tuples), or None when it is plain RoPE (rope_type "default" over the whole head).
+    `max_position_embeddings` is kept only with a scaling rule. Hashable, so the
+    per-shape frequency table is cached. Whether the sections and the scaling fit a head
+    (sections sum to P', one per axis, and give each axis its count under the
+    allocation's rule; the rotated dims; factor lists of length P') is checked with the
+    head size, in `pair_table`.
     """
 
     base: float = 10000.0
@@ -98,9 +103,10 @@ class RopeSpec:
             if any(s < 0 for s in sections):
                 raise ValueError(f"sections={sections} must be non-negative integers")
             sections = tuple(int(s) for s in sections)
-        if self.allocation == "sections" and sections is None:
+        if self.allocation != "interleaved" and sections is None:
             raise ValueError(
-                "allocation='sections' needs sections=(s_0, ..., s_{A-1}) summing to H/2"
+                f"allocation={self.allocation!r} needs sections=(s_0, ..., s_{{A-1}}) "
+                "summing to H/2"
             )
         scaling = _scaling_items(self.scaling)
         if scaling is not None and self.ladder != "standard":
@@ -192,18 +198,92 @@ def _check_sections(sections, num_axes: int, head_dim: int, pairs: int) -> None:
         raise ValueError(f"sections={sections} must be non-negative and sum to {what}")
 
 
+# ------------------------------------------------------------------ axis allocations
+# Each rule: (pairs P', num_axes A, sections or None) -> axis of each pair, int [P'].
+
+
+def _interleaved(pairs: int, num_axes: int, sections) -> np.ndarray:
+    """a(i) = i mod A: the axes take turns down the ladder."""
+    return np.arange(pairs) % num_axes
+
+
+def _contiguous(pairs: int, num_axes: int, sections) -> np.ndarray:
+    """Qwen2-VL M-RoPE: pairs [0, s_0) follow axis 0, the next s_1 axis 1, and so on."""
+    return np.repeat(np.arange(num_axes), sections)
+
+
+def _mrope_interleaved(pairs: int, num_axes: int, sections) -> np.ndarray:
+    """Qwen3-VL interleaved M-RoPE: a(i) = i mod A when that is an axis a >= 1 and
+    i < A s_a; every other pair follows axis 0 (t)."""
+    i = np.arange(pairs)
+    a = i % num_axes
+    return np.where((a > 0) & (i < num_axes * np.asarray(sections)[a]), a, 0)
+
+
+def _low_frequency_temporal(pairs: int, num_axes: int, sections) -> np.ndarray:
+    """VideoRoPE: the last s_0 pairs (the lowest frequencies) follow axis 0 (t); pair
+    i < P' - s_0 follows axis 1 + (i mod (A - 1)), so h and w alternate from the top."""
+    i = np.arange(pairs)
+    spatial = 1 + i % max(num_axes - 1, 1)
+    return np.where(i < pairs - sections[0], spatial, 0)
+
+
+ALLOCATIONS = {
+    "interleaved": _interleaved,
+    "sections": _contiguous,
+    "mrope_interleaved": _mrope_interleaved,
+    "videorope": _low_frequency_temporal,
+}
+
+
+def reference_sections(allocation: str, head_dim: int, num_axes: int) -> tuple[int, ...] | None:
+    """Pairs per axis scaled from the published models (None for "interleaved").
+
+    On 3 axes: "sections" (Qwen2-VL's (16, 24, 24) at H = 128) and "videorope" (the
+    same split, t on the last quarter of the pairs) give t a quarter of the P pairs and
+    split the rest between h and w (h the larger half); "mrope_interleaved" (Qwen3-VL's
+    (24, 20, 20)) gives h and w 5/16 each and t the rest. On other A: P // A per axis,
+    axis 0 taking the remainder. Every result fits its allocation's rule.
+    """
+    _check_choice("allocation", allocation, ALLOCATIONS)
+    _check_head_dim(head_dim)
+    if isinstance(num_axes, bool) or not isinstance(num_axes, (int, np.integer)) or num_axes < 1:
+        raise ValueError(f"num_axes={num_axes} must be >= 1")
+    pairs = head_dim // 2
+    if allocation == "interleaved":
+        return None
+    if num_axes != 3:
+        rest = (pairs // num_axes,) * (num_axes - 1)
+        return (pairs - sum(rest), *rest)
+    if allocation == "mrope_interleaved":
+        spatial = pairs * 5 // 16
+        return (pairs - 2 * spatial, spatial, spatial)
+    t = pairs // 4
+    return (t, (pairs - t) - (pairs - t) // 2, (pairs - t) // 2)
+
+
 # --------------------------------------------------------------- frequencies (host)
 
 
 def _axes(head_dim: int, num_axes: int, spec: RopeSpec, pairs: int | None = None) -> np.ndarray:
-    """Axis of each of the `pairs` rotated pairs (default P = H/2)."""
+    """Axis of each of the `pairs` rotated pairs (default P = H/2).
+
+    Every allocation but "interleaved" must hand axis a exactly sections[a] pairs.
+    """
     if isinstance(num_axes, bool) or not isinstance(num_axes, (int, np.integer)) or num_axes < 1:
         raise ValueError(f"num_axes={num_axes} must be >= 1")
     pairs = head_dim // 2 if pairs is None else pairs
-    if spec.allocation == "interleaved":
-        return (np.arange(pairs) % num_axes).astype(np.int32)
-    _check_sections(spec.sections, num_axes, head_dim, pairs)
-    return np.repeat(np.arange(num_axes), spec.sections).astype(np.int32)
+    if spec.allocation != "interleaved":
+        _check_sections(spec.sections, num_axes, head_dim, pairs)
+    axes = ALLOCATIONS[spec.allocation](pairs, num_axes, spec.sections).astype(np.int32)
+    if spec.allocation != "interleaved":
+        counts = tuple(int(n) for n in np.bincount(axes, minlength=num_axes))
+        if counts != spec.sections:
+            raise ValueError(
+                f"sections={spec.sections} do not fit allocation={spec.allocation!r} over "
+                f"{pairs} pairs: its rule gives {counts} pairs per axis"
+            )
+    return axes
 
 
 def _frequencies(head_dim: int, num_axes: int, spec: RopeSpec) -> np.ndarray:

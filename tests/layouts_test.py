@@ -1,5 +1,6 @@
 """Tests for rope_jax.layouts: docs/maths.md#multimodal-layouts identities, Qwen2-VL parity."""
 
+import dataclasses
 import time
 
 import numpy as np
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 from rope_jax import layouts
 from rope_jax.layouts import Image, Text, Video
 
-SCHEMES = ["flat", "mrope", "rope_tie", "rope_tie_frac", "rope_tv"]
+SCHEMES = ["flat", "mrope", "rope_tie", "rope_tie_frac", "rope_tv", "videorope"]
 FAST = settings(max_examples=60, deadline=None)
 
 # --------------------------------------------------------------------- strategies
@@ -61,6 +62,11 @@ def _neighbours(segs, scheme, num_axes):
         after = pos[b] if b < T else np.full(num_axes, nxt)
         out.append((seg, before, pos[a], pos[b - 1], after))
     return out
+
+
+def test_schemes_and_settings_registries():
+    assert list(layouts.SCHEMES) == SCHEMES
+    assert layouts.SETTINGS == {"tokens_per_second": ("mrope",), "delta": ("videorope",)}
 
 
 def _grid(block, seg, num_axes):
@@ -187,7 +193,7 @@ def test_steps_between_neighbouring_patches(segs):
             elif scheme == "rope_tie_frac":
                 k = seg.h * seg.w + 1
                 row, col = [k / (seg.h + 1), 0], [0, k / (seg.w + 1)]
-            else:
+            else:  # mrope, rope_tv, videorope
                 row, col = unit[-2], unit[-1]
             np.testing.assert_allclose(
                 np.diff(g, axis=1), np.broadcast_to(row, g[:, 1:].shape), atol=1e-4
@@ -311,6 +317,243 @@ def test_qwen2vl_reference_port_golden():
     np.testing.assert_array_equal(ref[2, 3:], [3, 4, 3, 4] * 3 + [6, 7, 8, 9, 10])
 
 
+# ------------------------------------------ 6. Qwen2.5-VL time-aligned M-RoPE
+
+
+def test_time_aligned_mrope_by_hand():
+    # Text(3), a 3-frame 2x2 video one second per frame at 2 ids a second, Text(2): L = 2,
+    # frames at t = 3, 5, 7 (offsets floor(f * 1 * 2)), rows / columns at 3, 4; the
+    # text continues at the largest id plus one, 8.
+    segs = [Text(3), Video(3, 2, 2, seconds_per_frame=1.0), Text(2)]
+    got = layouts.positions(segs, "mrope", 3, tokens_per_second=2)
+    grid = [[t, r, c] for t in (3, 5, 7) for r in (3, 4) for c in (3, 4)]
+    want = [[0, 0, 0], [1, 1, 1], [2, 2, 2], *grid, [8, 8, 8], [9, 9, 9]]
+    np.testing.assert_array_equal(got, np.array(want, np.float32))
+    assert layouts.next_position(segs, "mrope", 3, tokens_per_second=2) == 10
+    # Fractional steps are cut to integers as the reference's int cast does:
+    # 0.5 s a frame at 3 ids a second gives offsets 0, 1.5 -> 1, 3.
+    segs = [Text(1), Video(3, 1, 1, seconds_per_frame=0.5), Text(1)]
+    got = layouts.positions(segs, "mrope", 3, tokens_per_second=3)
+    want = [[0, 0, 0], [1, 1, 1], [2, 1, 1], [4, 1, 1], [5, 5, 5]]
+    np.testing.assert_array_equal(got, np.array(want, np.float32))
+    # A short clip sampled fast: the time ids stay below the grid's, text after the grid.
+    segs = [Video(2, 3, 3, seconds_per_frame=0.25), Text(1)]
+    got = layouts.positions(segs, "mrope", 3, tokens_per_second=2)
+    np.testing.assert_array_equal(got[[0, 9, 17, 18]], [[0, 0, 0], [0, 0, 0], [0, 2, 2], [3] * 3])
+
+
+def test_time_alignment_needs_both_settings_and_leaves_the_rest_alone():
+    plain = [Text(2), Video(3, 2, 2), Image(2, 3), Text(1)]
+    timed = layouts.timed(plain, 1.0)
+    assert timed[1] == Video(3, 2, 2, seconds_per_frame=1.0) and timed[2] is plain[2]
+    base = layouts.positions(plain, "mrope", 3)
+    np.testing.assert_array_equal(layouts.positions(plain, "mrope", 3, tokens_per_second=2), base)
+    np.testing.assert_array_equal(layouts.positions(timed, "mrope", 3), base)
+    np.testing.assert_array_equal(
+        layouts.positions(timed, "mrope", 3, tokens_per_second=1), base
+    )  # one id per frame, as mrope
+    aligned = layouts.positions(timed, "mrope", 3, tokens_per_second=2)
+    video = slice(2, 14)  # L = 1: t ids 2, 4, 6 instead of 2, 3, 4; rows and columns kept
+    np.testing.assert_array_equal(np.unique(aligned[video, 0]), [2, 4, 6])
+    np.testing.assert_array_equal(aligned[video, 1:], base[video, 1:])
+    np.testing.assert_array_equal(aligned[14:] - base[14:], 2)  # the rest moves by 2
+    for scheme in ("flat", "rope_tv", "videorope"):  # seconds_per_frame is read by mrope only
+        np.testing.assert_array_equal(
+            layouts.positions(timed, scheme, 3), layouts.positions(plain, scheme, 3)
+        )
+
+
+def _qwen25vl_get_rope_index(input_ids, image_grid_thw, video_grid_thw, second_per_grid_ts,
+                             tokens_per_second, spatial_merge_size=2):  # fmt: skip
+    """NumPy port of Qwen2.5-VL's `get_rope_index` for one unpadded sequence: as
+    Qwen2-VL's, but a video's frame f sits at int(f * second_per_grid_t * tokens_per_second)."""
+    input_tokens = input_ids.tolist()
+    llm_pos_ids_list, st_ = [], 0
+    image_index = video_index = 0
+    vision_start = np.flatnonzero(input_ids == VISION_START_ID)
+    kinds = input_ids[vision_start + 1]
+    remain_images, remain_videos = int((kinds == IMAGE_ID).sum()), int((kinds == VIDEO_ID).sum())
+    for _ in range(remain_images + remain_videos):
+        ed_image = input_tokens.index(IMAGE_ID, st_) if remain_images else len(input_tokens) + 1
+        ed_video = input_tokens.index(VIDEO_ID, st_) if remain_videos else len(input_tokens) + 1
+        if ed_image < ed_video:
+            (t, h, w), second_per_grid_t = image_grid_thw[image_index], 0.0
+            image_index, remain_images, ed = image_index + 1, remain_images - 1, ed_image
+        else:
+            (t, h, w), second_per_grid_t = video_grid_thw[video_index], 1.0
+            if second_per_grid_ts is not None:
+                second_per_grid_t = second_per_grid_ts[video_index]
+            video_index, remain_videos, ed = video_index + 1, remain_videos - 1, ed_video
+        llm_t, llm_h, llm_w = int(t), int(h) // spatial_merge_size, int(w) // spatial_merge_size
+        text_len = ed - st_
+        st_idx = llm_pos_ids_list[-1].max() + 1 if llm_pos_ids_list else 0
+        llm_pos_ids_list.append(np.broadcast_to(np.arange(text_len), (3, text_len)) + st_idx)
+        expanded = np.repeat(np.arange(llm_t), llm_h * llm_w)
+        t_index = (expanded * second_per_grid_t * tokens_per_second).astype(np.int64)
+        h_index = np.tile(np.repeat(np.arange(llm_h), llm_w), llm_t)
+        w_index = np.tile(np.arange(llm_w), llm_t * llm_h)
+        llm_pos_ids_list.append(np.stack([t_index, h_index, w_index]) + text_len + st_idx)
+        st_ = ed + llm_t * llm_h * llm_w
+    if st_ < len(input_tokens):
+        st_idx = llm_pos_ids_list[-1].max() + 1 if llm_pos_ids_list else 0
+        text_len = len(input_tokens) - st_
+        llm_pos_ids_list.append(np.broadcast_to(np.arange(text_len), (3, text_len)) + st_idx)
+    return np.concatenate(llm_pos_ids_list, axis=1)
+
+
+SECONDS = st.sampled_from([0.25, 0.5, 1.0, 2.0, 4.0 / 3.0])
+
+
+@FAST
+@given(qwen_prompts(), st.lists(SECONDS, min_size=4, max_size=4), st.sampled_from([1, 2, 3, 25]))
+def test_time_aligned_mrope_matches_qwen25vl_get_rope_index(segs, seconds, tokens_per_second):
+    videos = iter(seconds)
+    segs = [dataclasses.replace(s, seconds_per_frame=next(videos)) if isinstance(s, Video) else s
+            for s in segs]  # fmt: skip
+    ids, image_grid, video_grid = _qwen2vl_inputs(segs, np.random.default_rng(0))
+    per_video = [s.seconds_per_frame for s in segs if isinstance(s, Video)]
+    ref = _qwen25vl_get_rope_index(ids, image_grid, video_grid, per_video, tokens_per_second)
+    pos = layouts.positions(segs, "mrope", 3, tokens_per_second=tokens_per_second)
+    np.testing.assert_array_equal(pos.astype(np.float64), ref.T.astype(np.float64))
+    nxt = layouts.next_position(segs, "mrope", 3, tokens_per_second=tokens_per_second)
+    assert nxt == ref.max() + 1
+
+
+# ------------------------------------------------------------- 7. VideoRoPE
+
+
+def test_videorope_by_hand():
+    # Text(2), a 2-frame 2x3 video, Text(1); delta 2: L = 1, frames at tau = 2, 4; rows at
+    # tau + (0, 1) (offset (2 - 1) // 2 = 0), columns at tau + (-1, 0, 1); next text tau + 1.
+    segs = [Text(2), Video(2, 2, 3), Text(1)]
+    frame = lambda tau: [[tau, tau + r, tau + c] for r in (0, 1) for c in (-1, 0, 1)]
+    want = [[0, 0, 0], [1, 1, 1], *frame(2), *frame(4), [5, 5, 5]]
+    np.testing.assert_array_equal(layouts.positions(segs, "videorope", 3), want)
+    want = [[0, 0, 0], [1, 1, 1], *frame(2), *frame(5), [6, 6, 6]]
+    np.testing.assert_array_equal(layouts.positions(segs, "videorope", 3, delta=3), want)
+    # A 3x3 image: one frame centred on tau = L + 1; on 2 axes the (h, w) part of it.
+    segs = [Text(1), Image(3, 3), Text(1)]
+    grid = [[1 + r, 1 + c] for r in (-1, 0, 1) for c in (-1, 0, 1)]
+    np.testing.assert_array_equal(layouts.positions(segs, "videorope", 2), [[0, 0], *grid, [2, 2]])
+    got3 = layouts.positions(segs, "videorope", 3)
+    np.testing.assert_array_equal(got3[1:10], [[1, h, w] for h, w in grid])
+
+
+def _videorope_get_rope_index(input_ids, image_grid_thw, video_grid_thw, scale_factor,
+                              spatial_merge_size=2):  # fmt: skip
+    """NumPy port of VideoRoPE's position ids (its `get_t_scale_rope_index`) for one
+    unpadded sequence: frame f at tau = start + f * scale_factor, rows and columns
+    shifted to tau minus half the grid ((n - 1) // 2), text resuming after the last tau."""
+    input_tokens = input_ids.tolist()
+    llm_pos_ids_list, st_ = [], 0
+    image_index = video_index = 0
+    vision_start = np.flatnonzero(input_ids == VISION_START_ID)
+    kinds = input_ids[vision_start + 1]
+    remain_images, remain_videos = int((kinds == IMAGE_ID).sum()), int((kinds == VIDEO_ID).sum())
+    for _ in range(remain_images + remain_videos):
+        ed_image = input_tokens.index(IMAGE_ID, st_) if remain_images else len(input_tokens) + 1
+        ed_video = input_tokens.index(VIDEO_ID, st_) if remain_videos else len(input_tokens) + 1
+        if ed_image < ed_video:
+            t, h, w = image_grid_thw[image_index]
+            image_index, remain_images, ed = image_index + 1, remain_images - 1, ed_image
+        else:
+            t, h, w = video_grid_thw[video_index]
+            video_index, remain_videos, ed = video_index + 1, remain_videos - 1, ed_video
+        llm_t, llm_h, llm_w = int(t), int(h) // spatial_merge_size, int(w) // spatial_merge_size
+        text_len = ed - st_
+        st_idx = llm_pos_ids_list[-1][0].max() + 1 if llm_pos_ids_list else 0
+        llm_pos_ids_list.append(np.broadcast_to(np.arange(text_len), (3, text_len)) + st_idx)
+        t_index = np.repeat(np.arange(llm_t), llm_h * llm_w).astype(np.float64)
+        h_index = np.tile(np.repeat(np.arange(llm_h), llm_w), llm_t) - (llm_h - 1) // 2
+        w_index = np.tile(np.arange(llm_w), llm_t * llm_h) - (llm_w - 1) // 2
+        t_index = t_index * scale_factor + text_len + st_idx
+        llm_pos_ids_list.append(np.stack([t_index, h_index + t_index, w_index + t_index]))
+        st_ = ed + llm_t * llm_h * llm_w
+    if st_ < len(input_tokens):
+        st_idx = llm_pos_ids_list[-1][0].max() + 1 if llm_pos_ids_list else 0
+        text_len = len(input_tokens) - st_
+        llm_pos_ids_list.append(np.broadcast_to(np.arange(text_len), (3, text_len)) + st_idx)
+    return np.concatenate(llm_pos_ids_list, axis=1)
+
+
+@FAST
+@given(qwen_prompts(), st.sampled_from([1.0, 2.0, 0.5, 3.0]))
+def test_videorope_matches_its_reference_position_ids(segs, delta):
+    ids, image_grid, video_grid = _qwen2vl_inputs(segs, np.random.default_rng(0))
+    ref = _videorope_get_rope_index(ids, image_grid, video_grid, delta).T  # [T, 3]
+    pos = layouts.positions(segs, "videorope", 3, delta=delta).astype(np.float64)
+    np.testing.assert_array_equal(pos, ref)
+    assert layouts.next_position(segs, "videorope", 3, delta=delta) == ref[:, 0].max() + 1
+
+
+@FAST
+@given(separated(VISUAL_3D), st.sampled_from([None, 1.0, 2.0, 0.5, 3.0]))
+def test_videorope_diagonal_layout_and_temporal_spacing(segs, delta):
+    step = layouts.VIDEOROPE_DELTA if delta is None else delta
+    pos = layouts.positions(segs, "videorope", 3, delta=delta).astype(np.float64)
+    nxt = layouts.next_position(segs, "videorope", 3, delta=delta)
+    for seg, a, b in _spans(segs):
+        if isinstance(seg, Text):
+            continue
+        L = pos[a - 1, 0] if a else -1.0
+        g = _grid(pos[a:b], seg, 3)  # [t, h, w, 3]
+        tau = g[:, 0, 0, 0]
+        # Adjustable temporal spacing: frames delta apart from L + 1; text after at +1.
+        np.testing.assert_array_equal(tau, L + 1 + step * np.arange(len(tau)))
+        np.testing.assert_array_equal(g[..., 0], np.broadcast_to(tau[:, None, None], g.shape[:3]))
+        after = pos[b, 0] if b < len(pos) else nxt
+        assert after == tau[-1] + 1
+        # Diagonal layout: every frame is the same grid, moved along the diagonal by tau,
+        # and centred on it: the offsets run from -((n - 1) // 2) to n // 2.
+        offsets = g[..., 1:] - tau[:, None, None, None]
+        np.testing.assert_array_equal(offsets, np.broadcast_to(offsets[:1], offsets.shape))
+        rows, cols = offsets[0, :, 0, 0], offsets[0, 0, :, 1]
+        np.testing.assert_array_equal(rows, np.arange(seg.h) - (seg.h - 1) // 2)
+        np.testing.assert_array_equal(cols, np.arange(seg.w) - (seg.w - 1) // 2)
+        assert rows.sum() in (0, seg.h // 2) and cols.sum() in (0, seg.w // 2)  # centred
+
+
+def test_settings_errors():
+    segs = [Text(1), Video(2, 2, 2, seconds_per_frame=1.0)]
+    cases = [
+        ("mrope", dict(tokens_per_second=0), r"tokens_per_second=0 must be a positive number"),
+        ("mrope", dict(tokens_per_second=True), r"tokens_per_second=True must be a positive"),
+        ("videorope", dict(delta=-2.0), r"delta=-2\.0 must be a positive number"),
+        ("mrope", dict(delta=2.0), r"delta=2\.0 is read by scheme 'videorope' only, not 'mrope'"),
+        ("rope_tv", dict(tokens_per_second=2), r"read by scheme 'mrope' only, not 'rope_tv'"),
+        ("mrope", dict(fps=2), r"unknown layout setting 'fps'; allowed: tokens_per_second, delta"),
+    ]
+    for scheme, kw, match in cases:
+        with pytest.raises(ValueError, match=match):
+            layouts.positions(segs, scheme, 3, **kw)
+        with pytest.raises(ValueError, match=match):
+            layouts.next_position(segs, scheme, 3, **kw)
+        with pytest.raises(ValueError, match=match):
+            layouts.batch_positions([segs], scheme, 3, 16, **kw)
+    for bad in (0, -1.0, "1", float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="seconds_per_frame=.* must be a positive number"):
+            Video(2, 2, 2, seconds_per_frame=bad)
+        with pytest.raises(ValueError, match="seconds_per_frame=.* must be a positive number"):
+            layouts.timed(segs, bad)
+    # Unset settings (None) are no settings, for any scheme.
+    np.testing.assert_array_equal(
+        layouts.positions(segs, "rope_tv", 3, tokens_per_second=None, delta=None),
+        layouts.positions(segs, "rope_tv", 3),
+    )
+
+
+def test_batch_positions_pass_the_settings():
+    batch = [[Text(2), Video(3, 2, 2, seconds_per_frame=1.0), Text(1)], [Text(3)]]
+    for scheme, kw in (("mrope", dict(tokens_per_second=2)), ("videorope", dict(delta=3))):
+        pos, mask = layouts.batch_positions(batch, scheme, 3, 20, **kw)
+        for b, segs in enumerate(batch):
+            n = layouts.num_tokens(segs)
+            np.testing.assert_array_equal(pos[b, :n], layouts.positions(segs, scheme, 3, **kw))
+            nxt = layouts.next_position(segs, scheme, 3, **kw)
+            np.testing.assert_array_equal(pos[b, n:, 0], nxt + np.arange(20 - n))
+        assert mask.sum() == sum(map(layouts.num_tokens, batch))
+
+
 # ---------------------------------------------- continuation and translation
 
 
@@ -393,17 +636,24 @@ def test_batch_positions_pads_with_continuing_text(batch, seq_len, scheme):
         np.testing.assert_array_equal(pos[i, n:], pad.astype(np.float32))
 
 
+TIMED_VIDEO = st.builds(Video, st.integers(1, 4), SIDE, SIDE, st.one_of(st.none(), SECONDS))
+
+
 @FAST
-@given(any_order(VISUAL_3D))
+@given(any_order(st.one_of(IMAGE, TIMED_VIDEO)))
 def test_parse_format_round_trip(segs):
     spec = layouts.format_segments(segs)
     assert layouts.parse_segments(spec) == segs
 
 
 def test_parse_segments_example_and_whitespace():
-    got = layouts.parse_segments(" text:4, Image:3x5 ,video:2 x 3 x 3,text:3")
-    assert got == [Text(4), Image(h=3, w=5), Video(t=2, h=3, w=3), Text(3)]
+    got = layouts.parse_segments(" text:4, Image:3x5 ,video:2 x 3 x 3,text:3, video:2x1x1 @ 0.5")
+    assert got == [Text(4), Image(h=3, w=5), Video(t=2, h=3, w=3), Text(3),
+                   Video(2, 1, 1, seconds_per_frame=0.5)]  # fmt: skip
     assert layouts.parse_segments("") == []
+    assert layouts.format_segments(got[-1:]) == "video:2x1x1@0.5"
+    assert repr(got[2]) == "Video(t=2, h=3, w=3)"
+    assert repr(got[-1]) == "Video(t=2, h=1, w=1, seconds_per_frame=0.5)"
 
 
 def test_batch_positions_is_fast():
@@ -482,6 +732,12 @@ def test_non_positive_sizes(make, match):
         "text:4;image:3x3",
         "image:0x3",
         ",",
+        "image:3x3@0.5",
+        "text:3@1",
+        "video:2x2x2@",
+        "video:2x2x2@fast",
+        "video:2x2x2@-1",
+        "video:2x2x2@0",
     ],
 )
 def test_parse_segments_rejects_bad_strings(spec):

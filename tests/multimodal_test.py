@@ -149,7 +149,7 @@ def _parse(task, seq, source_of) -> Parsed:
         else:
             assert all(t == PAD_ID for t in seq.tokens[c : c + k])
             found = [source_of[_patch_image(p)] for p in seq.patches[c : c + k]]
-            shape = dataclasses.astuple(seg)
+            shape = dataclasses.astuple(seg)[:3]  # (h, w) or (t, h, w)
             shapes.append(shape)
             grids.append(np.array([lab for _, lab in found]).reshape(shape))
             sources |= {s for s, _ in found}
@@ -487,7 +487,7 @@ def test_eval_iterator(data_dir, source_of, video):
     for b, batch in enumerate(batches):
         for row in range(B):
             k, seq = ex.example(b * B + row)
-            assert all(dataclasses.astuple(s) in ex.split.shapes for s in seq.segments[1::2])
+            assert all(dataclasses.astuple(s)[:3] in ex.split.shapes for s in seq.segments[1::2])
             _check_row(batch, row, k, seq, scheme, num_axes, source_of, names)
             assert _parse(names[k], seq, source_of).sources == {"test"}
 
@@ -630,7 +630,9 @@ def test_every_row_is_a_valid_config(data_dir, video):
     rows = mm_config.VIDEO_ROWS if video else mm_config.ROWS
     if video:
         assert not any(r.startswith("rope_tie") for r in rows)
-        assert set(rows) == {r for r in mm_config.ROWS if not r.startswith("rope_tie")}
+        assert set(rows) == {r for r in mm_config.ROWS if not r.startswith("rope_tie")} | set(
+            mm_config.VIDEO_ONLY_ROWS
+        )
     for row in rows:
         config = _config(data_dir, video=video, arg=f"row={row}")
         harness.check_config(config)

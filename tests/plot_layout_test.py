@@ -4,7 +4,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from rope_jax import layouts
+from rope_jax import layouts, rotary
 from rope_jax.experiments import plot_layout
 
 IMAGE = "text:4,image:3x5,text:3"
@@ -72,6 +72,81 @@ def test_markers_are_layout_positions(scheme, spec, num_axes):
         np.testing.assert_array_equal(line.get_xdata(), np.arange(len(pos)))
 
 
+def test_new_variants_markers_are_layout_positions():
+    """videorope (2 and 3 axes, any delta) and time-aligned mrope draw their positions."""
+    timed = "text:2,video:3x2x2@1,text:2"
+    cases = [("videorope", IMAGE, 2, {}), ("videorope", VIDEO, 3, {"delta": 3.0}),
+             ("mrope", timed, 3, {"tokens_per_second": 2.0, "delta": 3.0})]  # fmt: skip
+    for scheme, spec, num_axes, settings in cases:
+        segments = layouts.parse_segments(spec)
+        own = {k: v for k, v in settings.items() if scheme in layouts.SETTINGS[k]}
+        pos = layouts.positions(segments, scheme, num_axes, **own)
+        _, panels = plot_layout.figure(segments, [scheme], num_axes, settings=settings)
+        ax = panels[scheme]["scatter"]
+        np.testing.assert_allclose(ax.lines[0].get_xydata(), pos[:, [-1, -2]])
+        for a, line in enumerate(panels[scheme]["axes"].lines):
+            np.testing.assert_allclose(line.get_ydata(), pos[:, a])
+        assert all(f"{k}={v:g}" in ax.get_title() for k, v in own.items())
+    mrope = layouts.positions(layouts.parse_segments(timed), "mrope", 3, tokens_per_second=2)
+    np.testing.assert_array_equal(np.unique(mrope[2:14, 0]), [2, 4, 6])  # time-aligned
+
+
+def test_allocation_strip_is_the_pair_table():
+    segments = layouts.parse_segments(VIDEO)
+    names = list(rotary.ALLOCATIONS)
+    fig, panels = plot_layout.figure(segments, ["mrope"], 3, allocations=names, head_dim=32)
+    strip = panels["allocation"]["strip"]
+    want = np.stack([
+        rotary.axis_of_pair(32, num_axes=3, allocation=name,
+                            sections=rotary.reference_sections(name, 32, 3))
+        for name in names
+    ])  # fmt: skip
+    np.testing.assert_array_equal(strip.images[0].get_array(), want)
+    assert [t.get_text() for t in strip.get_yticklabels()] == names
+    _, panels = plot_layout.figure(segments, ["mrope"], 3, allocations=["sections"],
+                                   head_dim=16, sections=(2, 3, 3))  # fmt: skip
+    np.testing.assert_array_equal(
+        panels["allocation"]["strip"].images[0].get_array(), [[0, 0, 1, 1, 1, 2, 2, 2]]
+    )
+    fig.canvas.draw()
+
+
+def test_cli_settings_and_allocations_are_checked():
+    args = plot_layout.parse_args(["--scheme=all", f"--segments={VIDEO}", "--delta=1.5",
+                                   "--allocation=videorope,sections,videorope",
+                                   "--sections=4,6,6", "--head_dim=32"])  # fmt: skip
+    segments, schemes, num_axes = plot_layout.check_args(args)
+    extras = plot_layout.check_extras(args, schemes, num_axes)
+    assert extras == dict(settings={"delta": 1.5}, allocations=["videorope", "sections"],
+                          head_dim=32, sections=(4, 6, 6))  # fmt: skip
+    assert plot_layout.scheme_settings("videorope", extras["settings"]) == {"delta": 1.5}
+    assert plot_layout.scheme_settings("mrope", extras["settings"]) == {}
+    for flags, match in (
+        (["--tokens_per_second=2", "--scheme=rope_tv"], "read by scheme mrope"),
+        (["--allocation=nope"], "unknown allocation 'nope'"),
+        (["--allocation=sections", "--sections=1,1"], "has 2 entries"),
+    ):
+        args = plot_layout.parse_args([f"--segments={VIDEO}", "--scheme=mrope", *flags])
+        with pytest.raises(ValueError, match=match):
+            plot_layout.check_extras(args, *plot_layout.check_args(args)[1:])  # fmt: skip
+
+
+@pytest.mark.slow
+def test_cli_draws_the_new_variants(tmp_path):
+    out = tmp_path / "v.png"
+    argv = ["--scheme=mrope,videorope", "--segments=text:2,video:3x2x2@1,text:2",
+            "--tokens_per_second=2", "--delta=1.5", "--allocation=all", "--head_dim=32",
+            f"--out={out}"]  # fmt: skip
+    assert plot_layout.main(argv) == str(out)
+    assert out.read_bytes()[:8] == PNG_MAGIC
+    args = plot_layout.parse_args(argv)
+    assert plot_layout.command_line(args) == (
+        "python -m rope_jax.experiments.plot_layout --scheme=mrope,videorope "
+        '--segments="text:2,video:3x2x2@1,text:2" --tokens_per_second=2 --delta=1.5 '
+        f"--allocation=all --head_dim=32 --out={out}"
+    )
+
+
 def test_video_markers_coloured_by_t():
     segments = layouts.parse_segments(VIDEO)
     pos = layouts.positions(segments, "rope_tv", 3)
@@ -115,8 +190,19 @@ def test_one_axis_draws_only_per_axis_panel():
         (["--scheme=rope_tie", f"--segments={VIDEO}"], "'rope_tie' is defined for images"),
         (["--scheme=rope_tie", f"--segments={IMAGE}", "--num_axes=3"], "num_axes=3"),
         (["--scheme=rope_tv", f"--segments={VIDEO}", "--num_axes=2"], "video"),
+        (["--scheme=mrope", f"--segments={VIDEO}", "--delta=2"], "--delta is read by scheme"),
+        (["--scheme=videorope", f"--segments={VIDEO}", "--delta=-1"], "--delta must be"),
+        (["--scheme=mrope", f"--segments={VIDEO}", "--tokens_per_second=x"], "--tokens_per"),
+        (["--scheme=mrope", f"--segments={VIDEO}", "--allocation=mrope3"], "'mrope3'"),
+        (["--scheme=mrope", f"--segments={VIDEO}", "--allocation=all", "--head_dim=7"],
+         "--head_dim"),
+        (["--scheme=mrope", f"--segments={VIDEO}", "--allocation=videorope",
+          "--sections=4,7,5", "--head_dim=32"], "do not fit allocation='videorope'"),
+        (["--scheme=mrope", f"--segments={VIDEO}", "--allocation=sections", "--sections=a"],
+         "--sections"),
+        (["--scheme=videorope", "--segments=text:1,video:2x2x2@0,text:1"], "video:2x2x2@0"),
     ],
-)
+)  # fmt: skip
 def test_errors_are_one_line(tmp_path, argv, names):
     out = tmp_path / "x.png"
     with pytest.raises(SystemExit) as e:

@@ -19,7 +19,11 @@ AXES_CASES = [
     (3, "interleaved", None),
     (2, "sections", (3, 5)),
     (3, "sections", (2, 3, 3)),
+    (2, "mrope_interleaved", (5, 3)),
+    (3, "mrope_interleaved", (4, 2, 2)),
+    (3, "videorope", (2, 3, 3)),
 ]
+NEW_CASES = [c for c in AXES_CASES if c[1] in ("mrope_interleaved", "videorope")]
 LAYOUTS = ["half", "interleaved"]
 LADDERS = ["standard", "per_axis"]
 SWEEP = list(itertools.product(AXES_CASES, LAYOUTS, LADDERS))
@@ -233,6 +237,152 @@ def test_sections_allocation_equals_qwen2vl_mrope(seed):
         sections=(16, 24, 24),
     )
     np.testing.assert_allclose(got, expected, atol=PARITY_ATOL)
+
+
+def _qwen3vl_reference(x, position_ids, mrope_section, base=10000.0):
+    """Qwen3-VL apply_interleaved_mrope with position_ids [3, B, T]: start from the t
+    phases, overwrite pairs 1, 4, 7, ... below 3 s_h with h's and 2, 5, 8, ... below
+    3 s_w with w's; then emb = cat(freqs, freqs) and rotate_half."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (base ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    freqs = position_ids[..., None].astype(np.float64) * inv_freq  # [3, B, T, d/2]
+    mixed = freqs[0].copy()
+    for dim, offset in ((1, 1), (2, 2)):
+        idx = slice(offset, mrope_section[dim] * 3, 3)
+        mixed[..., idx] = freqs[dim, ..., idx]
+    emb = np.concatenate([mixed, mixed], -1)[:, :, None, :]  # [B, T, 1, d]
+    x = x.astype(np.float64)
+    rotate_half = np.concatenate([-x[..., d // 2 :], x[..., : d // 2]], -1)
+    return x * np.cos(emb) + rotate_half * np.sin(emb)
+
+
+def _videorope_reference(x, position_ids, mrope_section, base=10000.0):
+    """VideoRoPE's low-frequency temporal allocation with position_ids [3, B, T]: over the
+    d cos / sin entries, chunks (s_h + s_w, s_t, s_h + s_w, s_t); in a spatial chunk entry
+    j takes h's value for even j and w's for odd j, a temporal chunk takes t's."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (base ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    freqs = position_ids[..., None].astype(np.float64) * inv_freq  # [3, B, T, d/2]
+    emb = np.concatenate([freqs, freqs], -1)  # [3, B, T, d]
+    t, h, w = mrope_section
+    picked, index = [], 0
+    for i, size in enumerate([h + w, t] * 2):
+        for j in range(size):
+            row = (1 if j % 2 == 0 else 2) if i % 2 == 0 else 0
+            picked.append(emb[row, ..., index])
+            index += 1
+    emb = np.stack(picked, -1)[:, :, None, :]  # [B, T, 1, d]
+    x = x.astype(np.float64)
+    rotate_half = np.concatenate([-x[..., d // 2 :], x[..., : d // 2]], -1)
+    return x * np.cos(emb) + rotate_half * np.sin(emb)
+
+
+@pytest.mark.parametrize("head_dim,sections", [(128, (24, 20, 20)), (16, (4, 2, 2))])
+def test_mrope_interleaved_allocation_equals_qwen3vl(head_dim, sections):
+    for seed in range(2):
+        rng = np.random.default_rng(seed)
+        x = _rand(seed, 2, 24, 2, head_dim)
+        position_ids = rng.integers(0, 300, size=(3, 2, 24))
+        expected = _qwen3vl_reference(x, position_ids, sections)
+        got = rotary.rotate(
+            x, np.moveaxis(position_ids, 0, -1), allocation="mrope_interleaved", sections=sections
+        )
+        np.testing.assert_allclose(got, expected, atol=PARITY_ATOL)
+
+
+def test_mrope_interleaved_pairs_follow_the_published_rule():
+    """Axis of each pair read off the rule applied to pair labels: pair i of axis a is
+    labelled a * P + i, the rule picks one label per pair."""
+    for head_dim, sections in [(128, (24, 20, 20)), (16, (4, 2, 2)), (32, (6, 5, 5))]:
+        pairs = head_dim // 2
+        labels = np.arange(3 * pairs).reshape(3, pairs)
+        mixed = labels[0].copy()
+        for dim, offset in ((1, 1), (2, 2)):
+            idx = slice(offset, sections[dim] * 3, 3)
+            mixed[idx] = labels[dim, idx]
+        got = rotary.axis_of_pair(
+            head_dim, num_axes=3, allocation="mrope_interleaved", sections=sections
+        )
+        np.testing.assert_array_equal(got, mixed // pairs)
+        np.testing.assert_array_equal(np.bincount(got, minlength=3), sections)
+    table = rotary.axis_of_pair(128, num_axes=3, allocation="mrope_interleaved",
+                                sections=(24, 20, 20))  # fmt: skip
+    np.testing.assert_array_equal(table[:60], np.arange(60) % 3)  # t h w t h w ...
+    np.testing.assert_array_equal(table[60:], [0, 0, 0, 0])  # the slowest four: t
+
+
+@pytest.mark.parametrize("head_dim,sections", [(128, (16, 24, 24)), (16, (2, 3, 3))])
+def test_videorope_allocation_equals_reference(head_dim, sections):
+    rng = np.random.default_rng(5)
+    x = _rand(5, 2, 24, 2, head_dim)
+    position_ids = rng.integers(0, 300, size=(3, 2, 24))
+    expected = _videorope_reference(x, position_ids, sections)
+    got = rotary.rotate(
+        x, np.moveaxis(position_ids, 0, -1), allocation="videorope", sections=sections
+    )
+    np.testing.assert_allclose(got, expected, atol=PARITY_ATOL)
+
+
+def test_videorope_gives_time_the_lowest_frequencies():
+    freqs, axes = rotary.pair_table(128, num_axes=3, allocation="videorope",
+                                    sections=(16, 24, 24))  # fmt: skip
+    assert freqs[axes == 0].max() < freqs[axes > 0].min()  # t strictly below h and w
+    np.testing.assert_array_equal(axes[48:], 0)
+    np.testing.assert_array_equal(axes[:48], np.tile([1, 2], 24))  # h, w alternate
+    # The other allocations hand t the fastest pair.
+    for allocation, sections in (("sections", (16, 24, 24)),
+                                 ("mrope_interleaved", (24, 20, 20))):  # fmt: skip
+        f, a = rotary.pair_table(128, num_axes=3, allocation=allocation, sections=sections)
+        assert f[a == 0].max() == 1.0
+
+
+def test_new_allocations_are_relative_and_orthogonal():
+    """The identities the sweep checks for every allocation, on the new ones (quick)."""
+    for axes_case, layout in itertools.product(NEW_CASES, LAYOUTS):
+        num_axes = axes_case[0]
+        kw = _kw(axes_case, layout, "standard")
+        q, k = _rand(40, 1, 8, 2, H), _rand(41, 1, 8, 2, H)
+        m = _rand(42, 1, 8, num_axes, scale=20.0)
+        n = _rand(43, 1, 8, num_axes, scale=20.0)
+        lhs = np.sum(rotary.rotate(q, m, **kw) * rotary.rotate(k, n, **kw), -1)
+        rhs = np.sum(q * rotary.rotate(k, n - m, **kw), -1)
+        np.testing.assert_allclose(lhs, rhs, atol=2e-4, rtol=2e-4)
+        mats = np.asarray(rotary.rotation_matrix(m[0], head_dim=H, **kw))
+        eye = np.broadcast_to(np.eye(H), mats.shape)
+        np.testing.assert_allclose(np.swapaxes(mats, -1, -2) @ mats, eye, atol=1e-5)
+        back = rotary.rotate(rotary.rotate(q, m, **kw), m, inverse=True, **kw)
+        np.testing.assert_allclose(back, q, atol=1e-5)
+        text = rotary.rotate(q, m[..., 0], layout=layout)  # (n, ..., n) is RoPE-1D
+        nd = rotary.rotate(q, np.repeat(m[..., :1], num_axes, -1), **kw)
+        np.testing.assert_array_equal(np.asarray(text), np.asarray(nd))
+
+
+def test_reference_sections_fit_their_allocation():
+    assert rotary.reference_sections("sections", 128, 3) == (16, 24, 24)  # Qwen2-VL
+    assert rotary.reference_sections("mrope_interleaved", 128, 3) == (24, 20, 20)  # Qwen3-VL
+    assert rotary.reference_sections("videorope", 128, 3) == (16, 24, 24)  # VideoRoPE
+    assert rotary.reference_sections("interleaved", 128, 3) is None
+    for allocation in rotary.ALLOCATIONS:
+        for head_dim, num_axes in itertools.product((8, 16, 32, 64, 128), (1, 2, 3, 4)):
+            sections = rotary.reference_sections(allocation, head_dim, num_axes)
+            rotary.axis_of_pair(head_dim, num_axes=num_axes, allocation=allocation,
+                                sections=sections)  # fmt: skip
+
+
+def test_new_allocations_reject_sections_their_rule_cannot_give():
+    cases = [
+        ("mrope_interleaved", 32, (4, 6, 6), r"\(4, 6, 6\) do not fit.*gives \(6, 5, 5\)"),
+        ("videorope", 32, (4, 7, 5), r"\(4, 7, 5\) do not fit.*gives \(4, 6, 6\)"),
+        ("videorope", 32, (4, 6, 5), r"sum to head_dim/2=16"),
+    ]
+    for allocation, head_dim, sections, match in cases:
+        with pytest.raises(ValueError, match=match):
+            rotary.axis_of_pair(head_dim, num_axes=3, allocation=allocation, sections=sections)
+    for allocation in ("mrope_interleaved", "videorope"):
+        with pytest.raises(ValueError, match=rf"allocation='{allocation}' needs sections="):
+            rotary.RopeSpec(allocation=allocation)
+    with pytest.raises(ValueError, match="allocation='mrope'.*'mrope_interleaved', 'videorope'"):
+        rotary.RopeSpec(allocation="mrope")
 
 
 # ------------------------------------------------------------------ precision

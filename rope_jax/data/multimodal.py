@@ -29,7 +29,8 @@ Batch (all numpy; `inputs`, `targets`, `weights` as for text):
   weights    float32 [B, T]     1 on answer tokens, else 0
   patches    float32 [B, T, E]  E = 64 ink values scaled to [-1, 1]; 0 on text
   is_patch   bool    [B, T]
-  positions  float32 [B, T, A]  from `layouts.batch_positions` for `data.scheme`
+  positions  float32 [B, T, A]  from `layouts.batch_positions` for `data.scheme` (and
+                                `data.seconds_per_frame`, `tokens_per_second`, `delta`)
   task       int32   [B]        index into the family's `tasks`; -1 on padding rows
 """
 
@@ -295,10 +296,11 @@ def check_config(data_config, model_config, eval_splits=()) -> None:
                 f"{field} names unknown split(s) {', '.join(map(repr, bad))} of "
                 f"data.name={data_config.name!r}; splits: {', '.join(fam.splits)}"
             )
+    seconds_per_frame, settings = layout_settings(data_config)
     for split in fam.splits.values():
-        probe = _probe_segments(split, fam.num_axes)
+        probe = layouts.timed(_probe_segments(split, fam.num_axes), seconds_per_frame)
         try:  # impossible layouts fail here, before anything compiles
-            layouts.positions(probe, scheme, fam.num_axes)
+            layouts.positions(probe, scheme, fam.num_axes, **settings)
         except ValueError as e:
             raise ValueError(f"data.scheme={scheme!r}: {e}") from None
     longest = max(_max_length(task, fam.splits[train_split]) for task in chosen)
@@ -307,6 +309,19 @@ def check_config(data_config, model_config, eval_splits=()) -> None:
             f"data.seq_len={data_config.seq_len} is too short for data.train_split="
             f"{train_split!r}: its longest example needs {longest - 1} input tokens"
         )
+
+
+def layout_settings(data_config) -> tuple[float | None, dict]:
+    """(data.seconds_per_frame of every video, the `layouts.positions` settings
+    data.tokens_per_second and data.delta), checked against data.scheme; None = unset."""
+    seconds_per_frame = data_config.get("seconds_per_frame")
+    settings = {k: data_config.get(k) for k in layouts.SETTINGS}
+    try:
+        layouts.timed((), seconds_per_frame)  # checks the value
+        settings = layouts.check_settings(data_config.get("scheme", "flat"), **settings)
+    except ValueError as e:
+        raise ValueError(f"data.{e}") from None
+    return seconds_per_frame, settings
 
 
 def eval_seq_len(data_config) -> int:
@@ -355,6 +370,7 @@ class Examples:
         self.tasks = [fam.tasks[t] for t in tasks(data_config)]
         self.pool = Pool(*digits.load_split(data_dir(data_config), self.split.images))
         self.scheme, self.num_axes = data_config.get("scheme", "flat"), fam.num_axes
+        self.seconds_per_frame, self.layout_settings = layout_settings(data_config)
         self.seq_len = int(data_config.seq_len)
 
     def example(self, i: int) -> tuple[int, Question]:
@@ -380,7 +396,7 @@ class Examples:
             n = len(seq) - 1  # inputs drop the last token, targets the first
             if n > t:
                 raise ValueError(f"an example of {len(seq)} tokens does not fit seq_len={t}")
-            segments.append(seq.segments)
+            segments.append(layouts.timed(seq.segments, self.seconds_per_frame))
             tokens = np.asarray(seq.tokens, np.int32)
             out["inputs"][row, :n], out["targets"][row, :n] = tokens[:-1], tokens[1:]
             patch = np.array([p is not None for p in seq.patches])
@@ -391,7 +407,7 @@ class Examples:
                 out["weights"][row, :n] = np.asarray(seq.answer[1:], np.float32)
                 out["task"][row] = k
         out["positions"], _ = layouts.batch_positions(
-            segments, self.scheme, self.num_axes, t + 1, truncate=True
+            segments, self.scheme, self.num_axes, t + 1, truncate=True, **self.layout_settings
         )
         out["positions"] = np.ascontiguousarray(out["positions"][:, :t])
         return out

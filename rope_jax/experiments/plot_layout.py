@@ -5,6 +5,8 @@
       --out=results/layouts.png
   python -m rope_jax.experiments.plot_layout --scheme=mrope,rope_tv \\
       --segments="text:2,video:2x3x3,text:2"
+  python -m rope_jax.experiments.plot_layout --scheme=mrope,videorope --tokens_per_second=2 \\
+      --segments="text:2,video:3x3x3@1,text:2" --allocation=mrope_interleaved,videorope
 
 One row per scheme (`--scheme` takes a name from `layouts.SCHEMES`, a comma-separated list
 or `all`). Left: every token / patch at its (h, w) position ids (x = w, y = h increasing
@@ -15,6 +17,13 @@ per axis vs token index. A scheme that cannot place the sequence on `--num_axes`
 panel saying why (a single requested scheme exits with `error: ...` instead). Default
 `--num_axes`: 3 if the sequence holds a video, else 2. Writes `layout_<scheme>.png` unless
 `--out` is given.
+
+Layout settings (`layouts.SETTINGS`) go to the schemes that read them: `--tokens_per_second`
+(mrope: Qwen2.5-VL time-aligned temporal ids of videos written `video:TxHxW@SECONDS`) and
+`--delta` (videorope's temporal spacing). `--allocation` (names from
+`rotary.ALLOCATIONS`, comma-separated, or `all`) adds a last row: which axis drives each
+of the `--head_dim`/2 rotation pairs, fastest pair on the left, with `--sections` (default
+`rotary.reference_sections`).
 """
 
 from __future__ import annotations
@@ -27,10 +36,12 @@ from collections.abc import Sequence
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator, MultipleLocator
 
-from rope_jax import layouts
+from rope_jax import layouts, rotary
 
 KINDS = {layouts.TEXT: "text", layouts.IMAGE: "image", layouts.VIDEO: "video"}
 COLORS = {layouts.TEXT: "tab:blue", layouts.IMAGE: "tab:orange", layouts.VIDEO: "tab:green"}
@@ -43,11 +54,47 @@ def axis_names(num_axes: int) -> tuple[str, ...]:
     return ("pos",) if num_axes == 1 else ("t", "h", "w")[3 - num_axes :]
 
 
+def scheme_settings(scheme: str, settings: dict) -> dict:
+    """The layout settings of `settings` that `scheme` reads (`layouts.SETTINGS`)."""
+    return {k: v for k, v in settings.items() if v is not None and scheme in layouts.SETTINGS[k]}
+
+
 def layout_points(
-    segments: Sequence[layouts.Segment], scheme: str, num_axes: int
+    segments: Sequence[layouts.Segment], scheme: str, num_axes: int, **settings
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(positions [T, A] float32, modality [T] int8); ValueError if `scheme` cannot place it."""
-    return layouts.positions(segments, scheme, num_axes), layouts.modality(segments)
+    """(positions [T, A] float32, modality [T] int8); ValueError if `scheme` cannot place it.
+    `settings` may hold settings of other schemes: `scheme` gets only its own."""
+    pos = layouts.positions(segments, scheme, num_axes, **scheme_settings(scheme, settings))
+    return pos, layouts.modality(segments)
+
+
+def allocation_table(
+    allocations: Sequence[str], head_dim: int, num_axes: int, sections=None
+) -> np.ndarray:
+    """Axis of every rotation pair under each allocation: int32 [len(allocations), H/2].
+
+    `sections` None = `rotary.reference_sections` of each allocation.
+    """
+    rows = []
+    for name in allocations:
+        own = rotary.reference_sections(name, head_dim, num_axes) if sections is None else sections
+        rows.append(rotary.axis_of_pair(head_dim, num_axes=num_axes, allocation=name, sections=own))
+    return np.stack(rows)
+
+
+def draw_allocation(ax, table: np.ndarray, allocations: Sequence[str], num_axes: int) -> None:
+    """One strip per allocation: cell i coloured by the axis driving pair i (table [N, P])."""
+    names = axis_names(num_axes)
+    colors = [AXIS_STYLE.get(n, ("0.5",))[0] for n in names]
+    ax.imshow(table, cmap=ListedColormap(colors), vmin=-0.5, vmax=len(names) - 0.5,
+              aspect="auto", interpolation="nearest")  # fmt: skip
+    ax.set_yticks(range(len(allocations)), allocations, fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("rotation pair i (frequency falls to the right)", fontsize=8)
+    ax.tick_params(labelsize=7)
+    handles = [Patch(color=c, label=f"{n} axis") for n, c in zip(names, colors, strict=True)]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title("axis driving each rotation pair", fontsize=9)
 
 
 def _labels(xy: np.ndarray) -> dict[tuple[float, float], str]:
@@ -128,19 +175,28 @@ def draw_error(ax, scheme: str, message: str) -> None:
             bbox=dict(boxstyle="round", fc="0.95", ec="0.6"))  # fmt: skip
 
 
-def figure(segments, schemes: Sequence[str], num_axes: int, *, command: str = ""):
-    """One row per scheme; returns (Figure, {scheme: {"scatter"|"axes"|"error": Axes}})."""
+def figure(segments, schemes: Sequence[str], num_axes: int, *, command: str = "",
+           settings: dict | None = None, allocations: Sequence[str] = (), head_dim: int = 128,
+           sections=None):  # fmt: skip
+    """One row per scheme, then one for `allocations` if any; returns (Figure,
+    {scheme: {"scatter"|"axes"|"error": Axes}, "allocation": {"strip": Axes}})."""
     spec = layouts.format_segments(segments)
-    rows = {}
+    settings = settings or {}
+    rows, titles = {}, {}
     for s in schemes:
+        own = scheme_settings(s, settings)
+        titles[s] = s + "".join(f", {k}={v:g}" for k, v in own.items())
         try:
-            rows[s] = layout_points(segments, s, num_axes)
+            rows[s] = layout_points(segments, s, num_axes, **own)
         except ValueError as e:
             rows[s] = str(e)
     cols = ["scatter", "axes"] if num_axes > 1 else ["axes"]
     mosaic = [[f"{s}/{c if not isinstance(rows[s], str) else 'error'}" for c in cols]
               for s in schemes]  # fmt: skip
     heights = [0.3 if isinstance(rows[s], str) else 1.0 for s in schemes]  # error rows: short
+    if allocations:
+        mosaic.append(["allocation/strip"] * len(cols))
+        heights.append(0.2 + 0.08 * len(allocations))
     size = (13 if num_axes > 1 else 9, 5.6 * sum(heights) + 0.4)
     fig = Figure(figsize=size, layout="constrained")
     FigureCanvasAgg(fig)
@@ -154,16 +210,21 @@ def figure(segments, schemes: Sequence[str], num_axes: int, *, command: str = ""
             continue
         pos, kinds = row
         panels[s] = {"axes": axes[f"{s}/axes"]}
-        draw_axes(panels[s]["axes"], pos, kinds, title=f"{s}: position id per axis vs token index")
+        title = f"{titles[s]}: position id per axis vs token index"
+        draw_axes(panels[s]["axes"], pos, kinds, title=title)
         if num_axes > 1:
             panels[s]["scatter"] = ax = axes[f"{s}/scatter"]
-            mappable = draw_scatter(ax, pos, kinds, title=f"{s}   {spec}")
+            mappable = draw_scatter(ax, pos, kinds, title=f"{titles[s]}   {spec}")
             if mappable is not None:
                 bar = fig.colorbar(mappable, ax=ax, shrink=0.8)
                 bar.set_label("t-axis id of patch", fontsize=8)
                 bar.ax.tick_params(labelsize=7)
                 t_ids = np.unique(pos[kinds != layouts.TEXT, 0])
                 bar.set_ticks(t_ids if len(t_ids) <= 8 else bar.get_ticks())
+    if allocations:
+        table = allocation_table(allocations, head_dim, num_axes, sections)
+        draw_allocation(axes["allocation/strip"], table, allocations, num_axes)
+        panels["allocation"] = {"strip": axes["allocation/strip"]}
     wrapped = textwrap.fill(command or spec, int(size[0] * 13), break_long_words=False)
     fig.suptitle(wrapped, fontsize=8, family="monospace")
     return fig, panels
@@ -177,7 +238,24 @@ def parse_args(argv):
     p.add_argument("--segments", required=True, help='e.g. "text:4,image:3x5,text:3"')
     p.add_argument("--num_axes", default=None, help="1, 2 or 3 (default: 3 with a video, else 2)")
     p.add_argument("--out", default=None, help="PNG path (default: layout_<scheme>.png)")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--tokens_per_second",
+        default=None,
+        help="mrope: temporal ids per second of videos written video:TxHxW@SECONDS",
+    )
+    p.add_argument("--delta", default=None, help="videorope: temporal id step between frames")
+    p.add_argument(
+        "--allocation",
+        default=None,
+        help="rotary allocation name(s), comma-separated, or 'all': adds a pair strip",
+    )
+    p.add_argument("--head_dim", default="128", help="H of the allocation strip (H/2 pairs)")
+    p.add_argument(
+        "--sections",
+        default=None,
+        help="pairs per axis, e.g. 24,20,20 (default: rotary.reference_sections)",
+    )
+    return p.parse_args(argv)  # fmt: skip
 
 
 # Every token is a labelled marker: past this the picture is unreadable and slow to draw.
@@ -185,7 +263,8 @@ MAX_TOKENS = 2000
 
 
 def check_args(args) -> tuple[list, list[str], int]:
-    """(segments, schemes, num_axes) from the CLI strings; ValueError naming the bad one."""
+    """(segments, schemes, num_axes) from the CLI strings; ValueError naming the bad one.
+    The layout settings and the allocation strip are checked by `check_extras`."""
     segments = layouts.parse_segments(args.segments)
     if not segments:
         raise ValueError(f"--segments is empty ({args.segments!r}); e.g. text:4,image:3x5")
@@ -206,11 +285,63 @@ def check_args(args) -> tuple[list, list[str], int]:
     return segments, schemes, int(num_axes)
 
 
+def _number(flag: str, text: str, kind=float):
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not value > 0:
+        raise ValueError(f"--{flag} must be a positive {kind.__name__}, got {text!r}")
+    return value
+
+
+def check_extras(args, schemes: Sequence[str], num_axes: int) -> dict:
+    """{"settings", "allocations", "head_dim", "sections"} from the CLI strings; a setting
+    no requested scheme reads, or sections that do not fit, is a ValueError."""
+    settings = {}
+    for name in layouts.SETTINGS:
+        text = getattr(args, name)
+        if text is None:
+            continue
+        settings[name] = _number(name, text)
+        readers = layouts.SETTINGS[name]
+        if not set(readers) & set(schemes):
+            raise ValueError(f"--{name} is read by scheme {', '.join(readers)} only, "
+                             f"not by --scheme={args.scheme}")  # fmt: skip
+    allocations = []
+    if args.allocation is not None:
+        names = [a.strip() for a in args.allocation.split(",")]
+        allocations = list(rotary.ALLOCATIONS) if names == ["all"] else list(dict.fromkeys(names))
+        for a in allocations:
+            if a not in rotary.ALLOCATIONS:
+                allowed = ", ".join(rotary.ALLOCATIONS)
+                raise ValueError(f"unknown allocation {a!r}; allowed: {allowed}, all")
+    head_dim = _number("head_dim", args.head_dim, int)
+    if head_dim % 2:
+        raise ValueError(f"--head_dim must be even (pairs), got {args.head_dim!r}")
+    sections = None
+    if args.sections is not None:
+        try:
+            sections = tuple(int(v) for v in args.sections.split(","))
+        except ValueError:
+            raise ValueError(f"--sections must be integers like 24,20,20, got "
+                             f"{args.sections!r}") from None  # fmt: skip
+    if allocations:
+        try:
+            allocation_table(allocations, head_dim, num_axes, sections)
+        except ValueError as e:
+            raise ValueError(f"--allocation: {e}") from None
+    return dict(settings=settings, allocations=allocations, head_dim=head_dim, sections=sections)
+
+
 def command_line(args) -> str:
     """The command that makes this figure, for its suptitle."""
     parts = ["python -m rope_jax.experiments.plot_layout", f"--scheme={args.scheme}"]
     parts.append(f'--segments="{args.segments}"')
     parts += [f"--num_axes={args.num_axes}"] if args.num_axes is not None else []
+    for flag in (*layouts.SETTINGS, "allocation", "sections"):
+        parts += [f"--{flag}={getattr(args, flag)}"] if getattr(args, flag) is not None else []
+    parts += [f"--head_dim={args.head_dim}"] if args.allocation and args.head_dim != "128" else []
     return " ".join(parts + ([f"--out={args.out}"] if args.out else []))
 
 
@@ -218,10 +349,11 @@ def main(argv=None) -> str:
     args = parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
         segments, schemes, num_axes = check_args(args)
+        extras = check_extras(args, schemes, num_axes)
         failed = []
         for s in schemes:
             try:
-                layout_points(segments, s, num_axes)
+                layout_points(segments, s, num_axes, **extras["settings"])
             except ValueError as e:
                 failed.append(str(e))
         if len(failed) == len(schemes):  # nothing to draw, e.g. one scheme that cannot place it
@@ -229,7 +361,7 @@ def main(argv=None) -> str:
     except ValueError as e:
         sys.exit(f"error: {e}")
     out = args.out or f"layout_{'-'.join(schemes) if args.scheme != 'all' else 'all'}.png"
-    fig, _ = figure(segments, schemes, num_axes, command=command_line(args))
+    fig, _ = figure(segments, schemes, num_axes, command=command_line(args), **extras)
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     fig.savefig(out, dpi=130)
     print(out)
