@@ -156,6 +156,7 @@ def base_config(size: str) -> ml_collections.ConfigDict:
     c.train.num_steps = 500  # optimiser steps
     c.train.num_tokens = 0  # token budget for the dry run's cost plan; 0 = steps x batch x T
     c.train.microbatches = 1  # k: each global batch is k sequential microbatches (accumulated)
+    c.train.init_from = ""  # WORKDIR[:STEP]: start from that run's matching parameters
     c.train.log_every_steps = 25  # progress line + metrics.jsonl + TensorBoard
     c.train.eval_every_steps = 250  # held-out evaluation; 0 = only at the end
     c.train.ckpt_every_steps = 250  # Orbax checkpoint; the last step is always saved

@@ -199,7 +199,7 @@ def evaluate_checkpoint(
     return result
 
 
-def _without_corpus(config):
+def without_corpus(config):
     """A copy of `config` that reads no corpus (generation needs only the model, whose
     vocabulary the saved tokenizer vouches for): data as the byte default."""
     if data.kind(config.data).name == "multimodal":
@@ -241,7 +241,7 @@ def generate_text(
             f"the tokenizer of {workdir!r} has {tok.vocab_size} ids, the model "
             f"{config.model.vocab_size}"
         )
-    run = setup.build(_without_corpus(config), vocab_from_data=False)
+    run = setup.build(without_corpus(config), vocab_from_data=False)
     step, state = restore(workdir, run, step, fallback)
     net = nnx.merge(run.graphdef, state["params"])
     ids = tok.encode(prompt) if prompt else [tok.eos_id]  # EOS ends a document

@@ -43,6 +43,7 @@ from rope_jax.harness import (
     feed,
     metrics,
     setup,
+    transfer,
 )
 from rope_jax.harness import workdir as workdir_lib
 
@@ -137,6 +138,8 @@ def train_and_evaluate(config, workdir: str, *, fallback: bool = False,
 def _train(config, workdir, stop, fallback, allow_config_change):
     workdir_lib.check_writable(workdir)
     checks.check_config(config)  # before the data is built or prepared
+    if config.train.get("init_from", ""):
+        transfer.check(config.train.init_from)
     distributed.process_0_first(data.ensure_built, config.data)  # no concurrent builds
     run = setup.build(config)  # model.vocab_size from the data's tokenizer
     checkpoint.check_tokenizer(workdir, data.kind(config.data).tokenizer())
@@ -153,7 +156,9 @@ def _train(config, workdir, stop, fallback, allow_config_change):
     session = _Session(config, run, workdir, ckpt, stop, changes)
     try:
         with sharding.use_mesh(run.mesh, run.rules):
-            state, start = _restore_or_init(run, ckpt, train_iter, fallback)
+            state, start = _restore_or_init(
+                run, ckpt, train_iter, fallback, config.train.get("init_from", "")
+            )
             if start:
                 session.begin(start)
             batches = feed.Prefetch(train_iter, run.batch_sharding)  # placed ahead
@@ -169,12 +174,17 @@ def _train(config, workdir, stop, fallback, allow_config_change):
     return result
 
 
-def _restore_or_init(run, ckpt, train_iter, fallback):
+def _restore_or_init(run, ckpt, train_iter, fallback, init_from=""):
     """(state, step): the newest checkpoint (or with `fallback`, the newest intact one,
-    the damaged ones moved aside), or a fresh state at step 0."""
+    the damaged ones moved aside), or a fresh state at step 0 (with `init_from`, holding
+    that run's matching parameters: `transfer`)."""
     steps = ckpt.steps()
     if not steps:
-        return jax.jit(run.init_fn, out_shardings=run.shardings)(), 0
+        state = jax.jit(run.init_fn, out_shardings=run.shardings)()
+        if init_from:
+            state, line = transfer.apply(state, init_from)
+            console.say(line)
+        return state, 0
     try:
         state, extra = ckpt.restore(steps[-1], run.abstract)
         start = steps[-1]
