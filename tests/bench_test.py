@@ -42,6 +42,7 @@ def test_flops_match_a_hand_count():
     assert bench_shapes.step_flops(MICRO, batch=4, seq_len=6) == 6 * 616 * 24 + 12 * 4 * 36 * 8
 
 
+@pytest.mark.slow
 def test_matmul_params_equal_the_tiny_model_less_embedding_and_norms():
     from configs import lm
     from rope_jax.nn import model
@@ -123,6 +124,7 @@ def test_peer_side_returns_positive_numbers(monkeypatch):
 # The library's performance fixes (results/perf.md) must not change the numbers.
 
 
+@pytest.mark.slow
 def test_swiglu_custom_gradient_equals_autodiff():
     import jax
     import jax.numpy as jnp

@@ -295,6 +295,7 @@ def room_for_one_save(config) -> int:
 # --------------------------------------------------------------- checkpoint integrity
 
 
+@pytest.mark.slow
 def test_every_step_carries_checksums_written_after_it(saved):
     for step in (10, 20):
         step_dir = os.path.join(saved, "checkpoints", str(step))

@@ -28,6 +28,7 @@ def test_tau_is_exact_when_seeds_agree_and_its_interval_is_a_point():
     assert rung["nope_rank"] == 4 and rung["ranks"]["a"] == 1
 
 
+@pytest.mark.slow
 def test_noisy_seeds_widen_the_interval_and_reversed_order_gives_minus_one():
     noisy = {"a": [1.0, 2.6, 1.1], "b": [2.0, 1.2, 2.1], "c": [3.0, 3.1, 2.9], "nope": [4.0] * 3}
     rung = ladder.rung(sweep(noisy), list(REFERENCE))
@@ -43,6 +44,7 @@ def test_mean_and_std_at_every_length():
     assert rung["stats"]["8"]["a"] == (2.0, 1.0) and rung["stats"]["16"]["a"][0] == 3.0
 
 
+@pytest.mark.slow
 def test_command_line_writes_table_plot_and_json(tmp_path):
     paths = []
     for layers in (2, 4):

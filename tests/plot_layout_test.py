@@ -29,6 +29,7 @@ def test_cli_writes_png(tmp_path, capsys):
     assert pixels.std() > 0  # not a blank canvas
 
 
+@pytest.mark.slow
 def test_cli_default_out_and_all_with_video(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     plot_layout.main(["--scheme=rope_tv", f"--segments={IMAGE}"])
