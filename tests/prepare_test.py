@@ -434,6 +434,32 @@ def test_grain_window_dataset_and_pickle(prepared):
 
 
 @pytest.mark.slow
+def test_kill_9_mid_preparation_then_the_same_command_gives_the_same_bytes(tmp_path):
+    import glob
+    import signal
+    import time
+
+    cmd = [sys.executable, "-m", "rope_jax.data.prepare", "--source=python_stdlib",
+           "--tokenizer=bytes", "--name=lib", f"--data_dir={tmp_path / 'run'}",
+           "--shard_tokens=300000", "--quiet"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    staging = tmp_path / "run" / "lib" / prep.STAGING
+    deadline = time.time() + 120
+    while len(glob.glob(str(staging / "train-*.json"))) < 3 and proc.poll() is None:
+        assert time.time() < deadline, "no shard was written in 120 s"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)  # mid-run: a few shards complete, one half-written
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (tmp_path / "run" / "lib" / shards.METADATA).exists()
+    again = subprocess.run(cmd[:-1], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resuming train:" in again.stderr and "complete shard(s) kept" in again.stderr
+    _prepare("python_stdlib", "bytes", tmp_path / "ref", "lib", shard_tokens=300000)
+    assert _files(tmp_path / "run" / "lib") == _files(tmp_path / "ref" / "lib")
+
+
+@pytest.mark.slow
 def test_cli_subprocess(corpus, tmp_path):
     cmd = [sys.executable, "-m", "rope_jax.data.prepare", f"--source={corpus[0]}",
            "--tokenizer=bytes", "--name=cli", f"--data_dir={tmp_path}", "--workers=2"]  # fmt: skip
