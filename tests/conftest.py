@@ -41,6 +41,18 @@ def no_network():
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_compilation_cache(tmp_path_factory):
+    """One persistent XLA compilation cache for the session's subprocesses: the many
+    tiny train.py / eval.py / sweep runs of the same shapes compile each program once
+    (a cached executable is the one a compile would give: results do not change)."""
+    path = str(tmp_path_factory.mktemp("jax_cache"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JAX_COMPILATION_CACHE_DIR", path)
+        mp.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+        yield path
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
     """A TFDS data dir of the session's own (never ~/tensorflow_datasets) with the shipped
