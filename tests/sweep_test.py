@@ -282,7 +282,7 @@ def test_sweep_trains_every_row_and_seed_and_writes_the_report(swept):
     assert md == report_lib.render_markdown(report)  # the json regenerates the table
     assert "python -m rope_jax.experiments.sweep --config=configs/lm.py:size=tiny" in md
     assert "jax " in md and "device: cpu" in md and "model.num_layers=1" in md
-    assert "| loss @32 (T) mean ± std | loss @64 (2T) | loss @128 (4T) | rank |" in md
+    assert "| loss @32 (T) mean ± std | loss @64 (2T) mean ± std | loss @128 (4T) mean ± std" in md
     assert "article loss | article rank |" in md
     lines = {line.split(" | ")[0]: line for line in md.splitlines() if line.startswith("| ")}
     nope_losses = [r["loss"]["32"] for r in report["rows"]["nope"]["runs"]]
