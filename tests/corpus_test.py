@@ -288,9 +288,12 @@ def test_a_raw_corpus_with_a_tokenizer_is_prepared_once_then_trained(corpus, tmp
     first = _run("train.py", f"--workdir={tmp_path / 'a'}", *flags)
     assert first.returncode == 0, first.stderr[-2000:]
     assert "prepare: wrote" in first.stderr
-    second = _run("train.py", f"--workdir={tmp_path / 'b'}", *flags)
-    assert second.returncode == 0 and "already prepared" in second.stderr
-    assert checkpoint.load_config(str(tmp_path / "b")).model.vocab_size <= 300
+    saved = checkpoint.load_config(str(tmp_path / "a"))
+    assert saved.data.tokenizer == "train:300" and saved.model.vocab_size <= 300
+    path = data.kind(saved.data).path  # the same config finds it complete: nothing redone
+    stamp = os.path.getmtime(os.path.join(path, shards.METADATA))
+    data.ensure_built(saved.data)
+    assert os.path.getmtime(os.path.join(path, shards.METADATA)) == stamp
 
 
 def _records(workdir):

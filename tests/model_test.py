@@ -249,7 +249,7 @@ def test_tied_model_params_cache_and_gradients():
     def loss(m):
         return optax.softmax_cross_entropy_with_integer_labels(m(x[:, :-1]), x[:, 1:]).mean()
 
-    value, grads = nnx.value_and_grad(loss)(tied)
+    value, grads = nnx.jit(nnx.value_and_grad(loss))(tied)  # one compile, not op by op
     assert np.isfinite(float(value))
     leaves = jax.tree.leaves(grads)
     assert leaves and all(np.all(np.isfinite(g)) for g in leaves)
@@ -308,7 +308,7 @@ def test_block_remat_gives_the_same_loss_and_gradients():
         def loss(m):
             return jnp.mean(jax.nn.log_softmax(m(x))[..., 0])
 
-        return nnx.value_and_grad(loss)(net)
+        return nnx.jit(nnx.value_and_grad(loss))(net)
 
     (l0, g0), (l1, g1) = loss_and_grads("none"), loss_and_grads("block")
     np.testing.assert_allclose(l1, l0, rtol=1e-6)
