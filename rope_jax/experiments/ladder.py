@@ -62,11 +62,15 @@ def rung(report: dict, rows) -> dict:
     order = ranks({r: float(np.mean(v)) for r, v in at_t.items()})
     stats = {length: {r: mean_std(v) for r, v in seed_losses(report, rows, length).items()}
              for length in report["seq_lens"]}  # fmt: skip
+    bpb = {}  # bits/byte at T, for rungs whose runs recorded it (any tokenizer compares)
+    for r in rows:
+        values = [run.get("bits_per_byte", {}).get(t) for run in report["rows"][r]["runs"]]
+        bpb[r] = mean_std(values) if values and all(values) else None
     return {"label": label(report), "command": report.get("command", ""), "rows": rows,
             "seeds": len(report["seeds"]), "seq_lens": report["seq_lens"], "tau": tau,
             "tau_p": kendall({r: np.mean(v) for r, v in at_t.items()}, reference)[1],
             "tau_ci": [low, high], "ranks": order, "nope_rank": order.get("nope"),
-            "reference_ranks": ranks(reference), "stats": stats}  # fmt: skip
+            "reference_ranks": ranks(reference), "stats": stats, "bits_per_byte": bpb}  # fmt: skip
 
 
 def _pm(stat) -> str:
@@ -97,11 +101,16 @@ def render(rungs: list[dict], command: str) -> str:
                    + " | ".join(str(g["ranks"].get(r, "—")) for g in rungs) + " |")  # fmt: skip
     for g in rungs:
         lens = g["seq_lens"]
-        out += ["", f"Held-out loss, mean ± std over seeds, {g['label']}:", "",
-                "| row | " + " | ".join(f"@{t}" for t in lens) + " |",
-                "|---|" + "---|" * len(lens)]  # fmt: skip
+        bpb = g.get("bits_per_byte") or {}
+        bpb = bpb if any(bpb.values()) else {}
+        out += ["", f"Held-out loss (nats/token), mean ± std over seeds, {g['label']}:", "",
+                "| row | " + " | ".join(f"@{t}" for t in lens)
+                + (f" | bits/byte @{lens[0]}" if bpb else "") + " |",
+                "|---|" + "---|" * (len(lens) + bool(bpb))]  # fmt: skip
         for r in sorted(rows, key=lambda r: g["ranks"].get(r, 99)):
-            out.append(f"| {r} | " + " | ".join(_pm(g["stats"][t][r]) for t in lens) + " |")
+            cells = [_pm(g["stats"][t][r]) for t in lens]
+            cells += [_pm(bpb[r]) if bpb.get(r) else "—"] if bpb else []
+            out.append(f"| {r} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
 
