@@ -121,6 +121,9 @@ def base_config(size: str) -> ml_collections.ConfigDict:
     c.model.rope.nope_every = 0  # k > 0: layers k-1, 2k-1, ... have no rotation (Llama 4)
     c.model.rope.local_base = _placeholder(float)  # base of the non-global layers (Gemma 3)
     c.model.rope.global_every = 0  # g > 0: layers g-1, 2g-1, ... global (base), others local_base
+    # learned: none (fixed) | freqs (trained per-kv-head, per-axis frequencies, RoPE-Mixed) |
+    # commuting (freqs in a trained orthogonal basis per layer); both start equal to none
+    c.model.rope.learned = "none"
 
     c.data = ml_collections.ConfigDict()
     c.data.name = "shakespeare"  # shakespeare | python_stdlib | a prepared dataset | TFDS name

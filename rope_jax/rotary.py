@@ -152,8 +152,9 @@ class RopeSpec:
 
 SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(RopeSpec))
 # Keys of `config.model.rope` that say where, whether or in which layer to rotate, not how
-# (read by nn/model.py: the sites, the NoPE layers, the local/global base per layer).
-NOT_ROTATION = ("sites", "nope_every", "local_base", "global_every")
+# (read by nn/model.py: the sites, the NoPE layers, the local/global base per layer), and
+# whether the rotation is trained (`learned`: its parameters start from this spec).
+NOT_ROTATION = ("sites", "nope_every", "local_base", "global_every", "learned")
 _PLAIN = {"rope_type": "default", "partial_rotary_factor": 1.0}
 
 
@@ -488,13 +489,31 @@ def rotate(
             ) from None
     seq_len = int(x.shape[-3]) if seq_len is None else seq_len
     phase = angles(positions, spec, head_dim=head_dim, seq_len=seq_len)  # [..., T, P']
-    cos, sin = _cos_sin_table(phase)  # [..., T, P'] each, float32
-    if inverse:
-        sin = -sin
     rotated = 2 * phase.shape[-1]  # D = 2P': a partial rotation leaves x[..., D:] as it is
     if rotated == head_dim:
-        return _turn(x, cos, sin, spec.layout)
-    return jnp.concatenate([_turn(x[..., :rotated], cos, sin, spec.layout), x[..., rotated:]], -1)
+        return turn(x, phase, layout=spec.layout, inverse=inverse)
+    turned = turn(x[..., :rotated], phase, layout=spec.layout, inverse=inverse)
+    return jnp.concatenate([turned, x[..., rotated:]], -1)
+
+
+def turn(x, phase, *, layout: str = "half", inverse: bool = False) -> jax.Array:
+    """Turns pair i of every head vector by phase_i (by -phase_i with inverse=True).
+
+    The block-diagonal core of `rotate`, also used by the learned rotations
+    (`rope_jax.learned`), whose phases differ per kv head.
+
+    Args:
+      x: [..., T, N, D], D = 2P.
+      phase: float32 [..., T, P], the same for the N vectors of a token.
+      layout: which numbers form pair i (`LAYOUTS`).
+
+    Returns:
+      [..., T, N, D] in x's dtype.
+    """
+    cos, sin = _cos_sin_table(phase)  # [..., T, P] each, float32
+    if inverse:
+        sin = -sin
+    return _turn(x, cos, sin, layout)
 
 
 def _turn(x, cos, sin, layout: str) -> jax.Array:

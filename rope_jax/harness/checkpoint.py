@@ -148,7 +148,7 @@ def _tuples(tree):
 # whose default is None need no entry: a missing field reads as None).
 _MODEL_DEFAULTS = {"attention.kv": "separate", "attention.impl": "xla",
                    "rope.nope_every": 0, "rope.global_every": 0,
-                   "rope.scaling.rope_type": "default"}  # fmt: skip
+                   "rope.scaling.rope_type": "default", "rope.learned": "none"}  # fmt: skip
 # Model fields that choose how the same parameters are computed, not what they are.
 _COMPUTE_ONLY = ("dtype", "attention.impl")
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import jax
 import optax
 
+from rope_jax.learned import PARAM_NAMES
+
 SCHEDULES = {
     "cosine": lambda lr, warmup, total: optax.warmup_cosine_decay_schedule(
         0.0, lr, warmup, max(total, warmup + 1), end_value=0.1 * lr
@@ -27,8 +29,13 @@ SCHEDULES = {
 
 
 def _decay_mask(params):
-    """Weight decay on matrices only (not norms' scales)."""
-    return jax.tree.map(lambda p: p.ndim >= 2, params)
+    """Weight decay on matrices only: not norms' scales, nor a learned rotation's
+    frequencies and basis (`learned.PARAM_NAMES`: decay would pull them towards NoPE and
+    the fixed basis, not bound a weight's size)."""
+    rotation = lambda path: any(getattr(key, "key", None) in PARAM_NAMES for key in path)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, p: p.ndim >= 2 and not rotation(path), params
+    )
 
 
 OPTIMIZERS = {

@@ -20,6 +20,12 @@ rotated once, c_j -> R_j c_j, and serves as both key and value; the output is ro
 back with R_i^T, so o_i = sum_j a_ij R_{j-i} c_j with a_ij from <R_i q_i, R_j c_j>
 (relative). A cache then holds only the rotated c: half the bytes of separate k and v.
 
+Learned rotations (`learned`, docs/maths.md#learned-rotations): the layer trains
+frequencies theta [K, P, A] ("freqs", "commuting") and a basis generator S [H, H]
+("commuting"), float32 `nnx.Param`s named `learned.PARAM_NAMES` that start at the fixed
+rotation; `attend` then takes a `learned.LearnedRotation` as `rope` and applies it at
+the same sites, outside the kernels. Query head n uses kv head n // G's frequencies.
+
 Shape legend:
   B batch, T query positions, S key positions, N query heads, K kv heads,
   G = N / K query heads per kv head, H head dim, D model dim, A position axes.
@@ -34,6 +40,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rope_jax import rotary, sharding
+from rope_jax.learned import KINDS, LearnedRotation, cayley, check_kind, initial_freqs
 from rope_jax.nn import kernels
 from rope_jax.nn.layers import dense_param
 from rope_jax.rotary import RopeSpec
@@ -107,7 +114,7 @@ def attend(
         which stores them already rotated.
       sites: subset of "qkvo" ("" = NoPE).
       rope: the rotation, a `rotary.RopeSpec` (or a mapping of its fields; None =
-        the defaults).
+        the defaults), or a `learned.LearnedRotation` (trained frequencies and basis).
       mask: optional bool [B or 1, 1 or N, T, S], True = attend.
       causal: if True, query t attends keys s <= t + (S - T) (queries are the last T keys),
         or s <= t + q_offset when `q_offset` is given (decoding: the filled cache slots).
@@ -127,9 +134,8 @@ def attend(
     """
     check_sites(sites)
     _check_shapes(q, k, v)
-    spec = RopeSpec.of(rope)
     seq_len = k.shape[1] if seq_len is None else seq_len
-    rot = lambda x, p, inverse=False: rotary.rotate(x, p, spec, inverse=inverse, seq_len=seq_len)
+    spec, rot = rotation_of(rope, seq_len)
     if "q" in sites:
         q = rot(q, q_positions)
     if "k" in sites and not cached:
@@ -175,13 +181,27 @@ def attend_tied(
       [B, T, N, H] in q's dtype.
     """
     _check_shapes(q, c, c)
-    spec = RopeSpec.of(rope)
     seq_len = c.shape[1] if seq_len is None else seq_len
-    q = rotary.rotate(q, q_positions, spec, seq_len=seq_len)
-    c = rotary.rotate(c, k_positions, spec, seq_len=seq_len)  # once: the key and the value
+    spec, rot = rotation_of(rope, seq_len)
+    q = rot(q, q_positions)
+    c = rot(c, k_positions)  # once: the key and the value
     scale = logit_scale(spec, TIED_SITES, head_dim=q.shape[-1], seq_len=seq_len, scale=scale)
     o = _mix(q, c, c, mask, causal, scale, impl, q_offset, segments)
-    return rotary.rotate(o, q_positions, spec, inverse=True, seq_len=seq_len).astype(q.dtype)
+    return rot(o, q_positions, inverse=True).astype(q.dtype)
+
+
+def rotation_of(rope: RopeSpec | LearnedRotation | Any, seq_len: int | None):
+    """(spec, rot) of a fixed spec (or mapping, or None) or a learned rotation, with
+    rot(x, positions, inverse=False) -> R_p x (R_p^T x) for x [B, T, N or K, H].
+
+    A learned rotation's spec has no scaling rule (its attention factor is 1) and only
+    lends the pair layout; `seq_len` is read by the fixed dynamic / longrope rules.
+    """
+    if isinstance(rope, LearnedRotation):
+        return rope.spec, rope.rotate
+    spec = RopeSpec.of(rope)
+    rot = lambda x, p, inverse=False: rotary.rotate(x, p, spec, inverse=inverse, seq_len=seq_len)
+    return spec, rot
 
 
 def logit_scale(
@@ -227,6 +247,11 @@ class Attention(nnx.Module):
     single kv [D, K, H] (embed, kv_heads, head_dim) replaces k and v, and sites must be
     "qkvo". `nope=True` makes a position-free layer (`model.rope.nope_every`): nothing is
     rotated, whatever `sites` says (they are still checked, e.g. against kv="tied").
+
+    `learned` (`learned.KINDS`, `model.rope.learned`) adds, in a layer that rotates,
+    rope_freqs [K, P, A] (kv_heads, -, -) for "freqs" and "commuting" and rope_basis
+    [H, H] (-, -) for "commuting", float32 whatever `param_dtype` (they feed the float32
+    phase), initialised to the fixed rotation of `rope` over `num_axes` position axes.
     """
 
     def __init__(
@@ -241,6 +266,8 @@ class Attention(nnx.Module):
         kv: str = "separate",
         impl: str = "xla",
         nope: bool = False,
+        learned: str = "none",
+        num_axes: int = 1,
         dtype=jnp.float32,
         param_dtype=jnp.float32,
         out_scale: float = 1.0,
@@ -256,6 +283,19 @@ class Attention(nnx.Module):
         self.kv, self.impl = kv, kernels.check_impl(impl)
         self.dtype = dtype
         d, n, kh, h = embed_dim, num_heads, num_kv_heads, head_dim
+        trained = KINDS[check_kind(learned)] if self.sites else ()  # a NoPE layer trains none
+        # Assigned once (None is static): theta from the fixed ladder, S = 0 (Q = I).
+        self.rope_freqs = (
+            _rotation_param(initial_freqs(h, kh, self.rope, num_axes=num_axes),
+                            ("kv_heads", None, None))
+            if "rope_freqs" in trained
+            else None
+        )  # fmt: skip
+        self.rope_basis = (
+            _rotation_param(jnp.zeros((h, h), jnp.float32), (None, None))
+            if "rope_basis" in trained
+            else None
+        )
         p = dict(dtype=param_dtype, fan_in=d)
         self.q_proj = dense_param(rngs, (d, n, h), ("embed", "heads", "head_dim"), **p)
         if kv == "tied":
@@ -271,6 +311,13 @@ class Attention(nnx.Module):
             fan_in=n * h,
             scale=out_scale,
         )
+
+    def rotation(self) -> RopeSpec | LearnedRotation:
+        """What this layer rotates by: its spec, or the learned rotation of its parameters."""
+        if self.rope_freqs is None:
+            return self.rope
+        basis = None if self.rope_basis is None else cayley(self.rope_basis[...])
+        return LearnedRotation(self.rope, self.rope_freqs[...], basis)
 
     def _project(self, x):
         """x [B, T, D] -> q [B, T, N, H] and k, v [B, T, K, H] (the same latent c if tied)."""
@@ -294,7 +341,7 @@ class Attention(nnx.Module):
         x = x.astype(self.dtype)
         q, k, v = self._project(x)
         pairs = None if segments is None else (segments, segments)
-        kw = dict(q_positions=positions, k_positions=positions, rope=self.rope, mask=mask,
+        kw = dict(q_positions=positions, k_positions=positions, rope=self.rotation(), mask=mask,
                   impl=self.impl, segments=pairs)  # fmt: skip
         if self.kv == "tied" and self.sites:
             o = attend_tied(q, k, causal=causal, **kw)
@@ -330,7 +377,9 @@ class Attention(nnx.Module):
         x = x.astype(self.dtype)
         q, k, v = self._project(x)
         slots = next(iter(cache.values())).shape[1]  # S: the length dynamic / longrope read
-        rot = lambda y: rotary.rotate(y, positions, self.rope, seq_len=slots)
+        rope = self.rotation()
+        _, rotate = rotation_of(rope, slots)
+        rot = lambda y: rotate(y, positions)
         at = (0, index, 0, 0)
         if self.kv == "tied":
             c = rot(k) if self.sites else k  # rotated once (unless a NoPE layer)
@@ -351,7 +400,7 @@ class Attention(nnx.Module):
             q_positions=positions,
             k_positions=None,  # keys and values are already rotated
             sites=self.sites,
-            rope=self.rope,
+            rope=rope,
             causal=True,
             q_offset=index,  # new token t sees the filled slots and itself
             impl=self.impl,
@@ -359,3 +408,8 @@ class Attention(nnx.Module):
             seq_len=slots,
         )
         return jnp.einsum("BTNH,NHD->BTD", o, self.o_proj[...].astype(self.dtype)), cache
+
+
+def _rotation_param(value, names) -> nnx.Param:
+    """A float32 rotation parameter carrying logical axis `names` (placed by `sharding`)."""
+    return nnx.Param(jnp.asarray(value, jnp.float32), out_sharding=names, eager_sharding=False)

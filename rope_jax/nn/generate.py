@@ -7,7 +7,9 @@
 
 The cache holds every layer's keys and values after their rotation (k rotated if "k"
 is a site, v if "v" is; the tied latent c always), so a step rotates only the new
-token's query, key and value, and the output if "o" is a site. Generated tokens are
+token's query, key and value, and the output if "o" is a site. A learned rotation
+(`model.rope.learned`) is cached the same way: R_j depends on its trained parameters,
+which decoding does not change, and on token j's position alone. Generated tokens are
 text: token k after the prompt sits at `(s + k, ..., s + k)` on every axis, where `s`
 is the prompt's next text position (`layouts.next_position(segments, scheme, A)` for a
 multimodal prompt: not the token count).

@@ -17,7 +17,9 @@ the spec of `cfg.rope` (base, ladder, layout, allocation, sections, scaling,
 max_position_embeddings), except that with `rope.nope_every = k > 0` layers k-1, 2k-1,
 ... rotate nothing (Llama-4 style NoPE layers), and with `rope.global_every = g > 0`
 only layers g-1, 2g-1, ... are global: the others use `rope.local_base` and no context
-rule (only its partial rotary factor), as Gemma's local layers do.
+rule (only its partial rotary factor), as Gemma's local layers do. With `rope.learned`
+("freqs" | "commuting", docs/maths.md#learned-rotations) every rotating layer trains its
+own frequencies (and basis), starting from its spec; NoPE layers train none.
 
 Shape legend: B batch, T positions, D embed dim, V vocab, A position axes, E patch
 vector width.
@@ -34,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rope_jax import layouts, rotary, sharding
+from rope_jax import layouts, learned, rotary, sharding
 from rope_jax.nn import kernels
 from rope_jax.nn.attention import Attention, check_kv, check_sites
 from rope_jax.nn.layers import MLP, RMSNorm, dense_param
@@ -86,6 +88,37 @@ def check_config(cfg, num_axes: int = 1, *, train_seq_len: int | None = None) ->
         kv_mode(cfg), cfg.rope.sites, kv_field="model.attention.kv", sites_field="model.rope.sites"
     )
     layer_rotations(cfg, num_axes, train_seq_len=train_seq_len)
+    _check_learned(cfg, rotation(cfg, num_axes, train_seq_len=train_seq_len))
+
+
+def learned_kind(cfg) -> str:
+    """`model.rope.learned`; "none" (the fixed rotation) when the config predates the field."""
+    return cfg.rope.get("learned", "none")
+
+
+def _check_learned(cfg, spec: rotary.RopeSpec) -> None:
+    """`model.rope.learned` is a kind of `learned.KINDS`; a trained one needs rotated sites
+    (else nothing would train) and the fixed ladder over the whole head (a scaling rule
+    rescales fixed frequencies by the training length; learned ones move by themselves).
+    NoPE and local layers are fine: the first train nothing, the second start from their
+    own base."""
+    kind = learned_kind(cfg)
+    _choice("rope.learned", kind, learned.KINDS)
+    if kind == "none":
+        return
+    if not cfg.rope.sites:
+        _fail("rope.learned", kind, "needs rotated model.rope.sites ('' rotates nothing: "
+              "nothing would train); use model.rope.learned='none'")  # fmt: skip
+    if spec.scaling is not None:
+        params = dict(spec.scaling)
+        got = (
+            f"rope_type={params['rope_type']!r}"
+            if params["rope_type"] != "default"
+            else f"partial_rotary_factor={params['partial_rotary_factor']!r}"
+        )
+        _fail("rope.learned", kind, f"takes no model.rope.scaling (got {got}): learned "
+              "frequencies rotate the whole head and are not rescaled; use "
+              "model.rope.learned='none' with a scaling rule")  # fmt: skip
 
 
 def rotation(cfg, num_axes: int = 1, *, train_seq_len: int | None = None) -> rotary.RopeSpec:
@@ -205,8 +238,9 @@ def kv_cache_bytes_per_token(cfg) -> int:
 class Block(nnx.Module):
     """Pre-norm decoder block: x = x + attn(norm(x)); x = x + mlp(norm(x))."""
 
-    def __init__(self, cfg, rope: rotary.RopeSpec | None, *, rngs: nnx.Rngs):
-        """`rope` None: a NoPE layer (nothing rotated, whatever `cfg.rope.sites` says)."""
+    def __init__(self, cfg, rope: rotary.RopeSpec | None, *, num_axes: int = 1, rngs: nnx.Rngs):
+        """`rope` None: a NoPE layer (nothing rotated, whatever `cfg.rope.sites` says).
+        `num_axes`: the position axes A (the shape of learned frequencies)."""
         dtype, param_dtype = DTYPES[cfg.dtype], DTYPES[cfg.param_dtype]
         out_scale = 1.0 / math.sqrt(2 * cfg.num_layers)  # residual branches (GPT-2 style)
         norm = dict(dtype=dtype, param_dtype=param_dtype)
@@ -219,6 +253,8 @@ class Block(nnx.Module):
             sites=cfg.rope.sites,
             rope=rope,
             nope=rope is None,
+            learned=learned_kind(cfg),
+            num_axes=num_axes,
             kv=kv_mode(cfg),
             impl=attention_impl(cfg),
             dtype=dtype,
@@ -281,7 +317,7 @@ class Decoder(nnx.Module):
             if self.patch_dim
             else None
         )
-        self.blocks = nnx.List([Block(cfg, rope, rngs=rngs) for rope in ropes])
+        self.blocks = nnx.List([Block(cfg, rope, num_axes=num_axes, rngs=rngs) for rope in ropes])
         self.norm = RMSNorm(d, dtype=self.dtype, param_dtype=param_dtype)
         self.head = dense_param(rngs, (d, v), ("embed", "vocab"), dtype=param_dtype, fan_in=d)
 
