@@ -12,6 +12,9 @@ with the reason.
   kill -9  one task killed after the first checkpoint is on disk; the same submission
            again resumes from it and ends with exactly the parameters of an
            uninterrupted run
+  SIGTERM  `scancel --signal=TERM` of the job: both processes save the same step (the
+           first log step after the signal) and exit 0; the same command resumes from
+           it and ends with exactly the parameters of an uninterrupted run
   eval     `srun -n 2 eval.py` gives the numbers of a single-process eval.py
 
 The quick tests check when `harness.distributed` starts a multi-process run, and that
@@ -21,6 +24,7 @@ bad explicit flags are one line, without a cluster.
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,15 +34,12 @@ import jax
 import numpy as np
 import pytest
 
-from rope_jax import harness
-from rope_jax.harness import checkpoint, distributed, metrics
+from rope_jax.harness import distributed, metrics
+from tests import slurm_helpers
+from tests.slurm_helpers import JOB_NAME, ROOT, XLA_FLAGS, final_params, run_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLUSTER_SCRIPT = os.path.join(ROOT, "scripts", "local_slurm.sh")
-JOB_NAME = "rope_jax_slurm_test"
+cluster = slurm_helpers.cluster  # the module-scoped fixture: the local cluster, or a skip
 NUM_STEPS, CKPT_EVERY = 12, 4
-# Each process: 2 CPU devices; XLA at a low optimisation level compiles in half the time.
-XLA_FLAGS = "--xla_force_host_platform_device_count={} --xla_backend_optimization_level=0"
 SLURM_JOB = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "node[01-02]", "SLURM_NTASKS": "2",
              "SLURM_PROCID": "1", "SLURM_LOCALID": "0"}  # fmt: skip
 
@@ -96,37 +97,10 @@ def eval_numbers(workdir: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """The local cluster, started for this module (and stopped after it, unless it was
-    running before); the module is skipped, with the reason, where it cannot start."""
-    if os.geteuid() != 0:
-        pytest.skip("local SLURM cluster needs root (it installs packages, starts daemons)")
-    was_up = _has("sinfo") and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0
-    proc = subprocess.run(["bash", CLUSTER_SCRIPT, "up"], capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
-    if proc.returncode != 0:
-        reason = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        pytest.skip(f"local SLURM cluster did not start: {reason}")
-    yield proc.stdout.strip()
-    subprocess.run(["scancel", f"--name={JOB_NAME}"], capture_output=True)
-    if not was_up:
-        subprocess.run(["bash", CLUSTER_SCRIPT, "down"], capture_output=True)
-
-
-def _has(program: str) -> bool:
-    return any(os.access(os.path.join(d, program), os.X_OK)
-               for d in os.environ.get("PATH", "").split(os.pathsep))  # fmt: skip
-
-
-@pytest.fixture(scope="module")
 def env(tmp_path_factory):
     """The environment of every run: no SLURM variables of an enclosing job, a shared
     persistent compilation cache, unbuffered output, 2 CPU devices per process."""
-    cache = str(tmp_path_factory.mktemp("xla_cache"))
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    return dict(base, JAX_PLATFORMS="cpu", XLA_FLAGS=XLA_FLAGS.format(2),
-                JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                PYTHONUNBUFFERED="1")  # fmt: skip
+    return run_env(str(tmp_path_factory.mktemp("xla_cache")), 2)
 
 
 @pytest.fixture(scope="module")
@@ -146,19 +120,6 @@ def two_processes(cluster, data_dir, env, tmp_path_factory):
     proc = run([*srun(), sys.executable, "train.py", *train_flags(data_dir, workdir)], env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return workdir, proc.stdout
-
-
-def final_params(workdir: str):
-    """(step, parameter arrays) of the newest checkpoint, restored in this process."""
-    config = checkpoint.load_config(workdir)
-    run_ = harness.build(config)
-    mngr = checkpoint.Manager(workdir, read_only=True)
-    try:
-        step = mngr.latest_step()
-        state, _ = mngr.restore(step, run_.abstract)
-    finally:
-        mngr.close()
-    return step, jax.tree.leaves(jax.device_get(state["params"]))
 
 
 # ------------------------------------------------------------------------ slow tests
@@ -220,6 +181,53 @@ def test_kill_9_of_one_task_then_the_same_submission_resumes_exactly(
     after = int(resumed[0].split()[3])
     reference, rerun = losses(two_processes[0]), losses(workdir)
     assert all(rerun[s] == reference[s] for s in range(after + 1, NUM_STEPS + 1))
+
+
+@pytest.mark.slow
+def test_sigterm_of_a_two_task_step_saves_one_step_on_both_then_the_same_command_resumes(
+    cluster, data_dir, env, two_processes, tmp_path
+):
+    """`scancel --signal=TERM <job>` signals the step's tasks (as a job's
+    `--signal=TERM@<s>` and a preemption notice do): both processes agree on the first
+    log step after it, both save that step and exit 0; the same command resumes from
+    it to exactly the parameters of an uninterrupted run."""
+    workdir, log, job = str(tmp_path / "run"), tmp_path / "out", tmp_path / "job_id"
+    task = ["bash", "-c", f'echo $SLURM_JOB_ID > {job}; exec "$@"', "task"]
+    command = [*srun(), *task, sys.executable, "train.py", *train_flags(data_dir, workdir)]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 180
+        while "step 1/" not in log.read_text():  # trained past its first step
+            assert proc.poll() is None, f"ended before step 1: {log.read_text()}"
+            assert time.time() < deadline, "no step 1 after 180 s"
+            time.sleep(0.02)
+        subprocess.run(["scancel", "--signal=TERM", job.read_text().strip()], check=True)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = gloo_free(log.read_text())
+    assert proc.returncode == 0, out
+    assert out.count("SIGTERM: saving at the end of this step") == 2, out  # both processes
+    saved = [int(w) for w in re.findall(r"SIGTERM: saved step (\d+) in .*the same command resumes",
+                                        out)]  # fmt: skip
+    assert len(saved) == 1 and 1 < saved[0] < NUM_STEPS, out
+    step_dir = os.path.join(workdir, "checkpoints", str(saved[0]))
+    steps = [int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
+    assert max(steps) == saved[0], steps
+    for i in (0, 1):  # each process saved its shards of that step
+        assert os.path.exists(os.path.join(step_dir, f"checksums.process_{i}.json")), out
+    again = run([*srun(), sys.executable, "train.py", *train_flags(data_dir, workdir)], env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"resumed from step {saved[0]} " in again.stdout, again.stdout
+    (step_a, a), (step_b, b) = final_params(two_processes[0]), final_params(workdir)
+    assert step_a == step_b == NUM_STEPS
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+    reference, rerun = losses(two_processes[0]), losses(workdir)
+    assert [rerun[s] for s in range(1, NUM_STEPS + 1)] == [
+        reference[s] for s in range(1, NUM_STEPS + 1)]  # fmt: skip
 
 
 @pytest.mark.slow

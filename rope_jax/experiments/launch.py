@@ -3,7 +3,9 @@
 Jobs run one after another from the repository root, each with its own workdir and
 log, sharing one compilation cache. A finished job is skipped, an unfinished one
 resumes from its checkpoint; Ctrl-C (or SIGTERM) reaches the sweep, which passes
-SIGTERM to the child so train.py saves before exiting.
+SIGTERM to the child so train.py saves before exiting. `train_command`, `eval_command`
+and `cache_env` are the commands and environment of a job for every launcher (the
+SLURM launcher writes the same into its batch scripts).
 """
 
 from __future__ import annotations
@@ -63,19 +65,39 @@ def launch(cmd: list, log_path: str, env: dict) -> None:
         raise SweepError(f"{cmd[1]} exited with status {rc}")
 
 
+def train_command(run: Job, python: str = sys.executable) -> list[str]:
+    """`python train.py <flags>` of one job, run from the repository root (ROOT)."""
+    return [python, "train.py", *run.flags]
+
+
+def eval_command(run: Job, python: str = sys.executable) -> list[str]:
+    """`python eval.py` of one job's final step: at T, 2T, 4T, or at T on each split."""
+    return [python, "eval.py", f"--workdir={run.workdir}", f"--step={run.final_step}",
+            "--seq_lens=" + ",".join(map(str, run.seq_lens)),
+            *(["--splits=" + ",".join(run.splits)] if run.splits else [])]  # fmt: skip
+
+
+def cache_env(workdir: str, environ=os.environ) -> dict:
+    """The variables every job adds to its environment: unbuffered output, and the
+    sweep's shared compilation cache <workdir>/jax_cache unless JAX_COMPILATION_CACHE_DIR
+    is set already."""
+    env = {"PYTHONUNBUFFERED": "1"}
+    if "JAX_COMPILATION_CACHE_DIR" not in environ:
+        env.update(JAX_COMPILATION_CACHE_DIR=os.path.abspath(os.path.join(workdir, "jax_cache")),
+                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")  # fmt: skip
+    return env
+
+
 def execute(run: Job, env: dict) -> None:
     """train.py (unless its final checkpoint exists), then eval.py at T, 2T, 4T."""
     os.makedirs(run.workdir, exist_ok=True)
     log = os.path.join(run.workdir, "train.log")
     try:
         if latest_checkpoint(run.workdir) != run.final_step:
-            launch([sys.executable, "train.py", *run.flags], log, env)
+            launch(train_command(run), log, env)
             if latest_checkpoint(run.workdir) != run.final_step:
                 raise SweepError(f"train.py stopped before step {run.final_step}")
-        launch([sys.executable, "eval.py", f"--workdir={run.workdir}", f"--step={run.final_step}",
-                "--seq_lens=" + ",".join(map(str, run.seq_lens)),
-                *(["--splits=" + ",".join(run.splits)] if run.splits else [])],
-               log, env)  # fmt: skip
+        launch(eval_command(run), log, env)
     except SweepError as e:
         with open(log) as f:
             print("".join("    " + line for line in f.readlines()[-25:]), end="", file=sys.stderr)
@@ -84,10 +106,7 @@ def execute(run: Job, env: dict) -> None:
 
 def run_all(runs: list[Job], workdir: str) -> None:
     """Runs what is not done, in order, with progress and an ETA on stdout."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if "JAX_COMPILATION_CACHE_DIR" not in env:
-        env.update(JAX_COMPILATION_CACHE_DIR=os.path.abspath(os.path.join(workdir, "jax_cache")),
-                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")  # fmt: skip
+    env = dict(os.environ, **cache_env(workdir))
     left, durations = sum(status(r) != "done" for r in runs), []
     for k, run in enumerate(runs, 1):
         state, head = status(run), f"[{k}/{len(runs)}] row={run.row} seed={run.seed}"

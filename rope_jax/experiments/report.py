@@ -377,7 +377,8 @@ def write_report(runs: list[Job], context: dict, argv, results: str) -> dict:
         rows[run.row]["runs"].append(collect(run))
     report = dict(context, command=format_command(argv), jax=jax.__version__, rows=rows,
                   date=datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
-                  device=f"{dev.platform} ({dev.device_kind}) x{jax.device_count()}",
+                  device=context.get("device")  # where the runs ran, when not here
+                  or f"{dev.platform} ({dev.device_kind}) x{jax.device_count()}",
                   seq_lens=[str(t) for t in runs[0].seq_lens],
                   splits=list(runs[0].splits))  # fmt: skip
     os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)

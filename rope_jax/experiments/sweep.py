@@ -12,6 +12,13 @@ again skips finished runs and resumes unfinished ones. Runs share the compilatio
 cache <workdir>/jax_cache unless JAX_COMPILATION_CACHE_DIR is set. Writes <results>.md
 (table), <results>.png (bars + validation curves) and <results>.json (all numbers;
 render_markdown(json) rebuilds the table).
+
+With --launcher=slurm (--nodes, --tasks_per_node, --gpus_per_task, --partition, --time,
+...) every run that is not done is one SLURM batch job instead, a generated
+<workdir>/<row>/seed_<k>/job.sbatch (`rope_jax.experiments.slurm`, docs/cluster.md).
+The command submits and returns; --status prints every job's state, --wait waits for
+them; the same command again resubmits ended unfinished runs and writes the table
+once every run is done.
 """
 
 from __future__ import annotations
@@ -22,8 +29,9 @@ import os
 import signal
 import sys
 
+from rope_jax.experiments import slurm
 from rope_jax.experiments.launch import run_all
-from rope_jax.experiments.plan import SweepError, plan, status
+from rope_jax.experiments.plan import SweepError, format_command, plan, status
 from rope_jax.experiments.report import write_report
 
 
@@ -70,6 +78,7 @@ def parse_args(argv):
                    help="replace <results>.* even if they were made by another plan")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every run; repeatable or comma-separated")  # fmt: skip
+    slurm.add_flags(p)
     return p.parse_args(argv)
 
 
@@ -78,26 +87,50 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C
     try:
+        slurm.check_options(args)
         runs, context = plan(args)
+        if args.launcher == "slurm":
+            slurm.check_processes(args, context)
         if args.dry_run:
-            width = max(len(run.row) for run in runs)
-            for run in runs:
-                print(f"{run.row:>{width}}  seed {run.seed}  {status(run):>7}  {run.workdir}")
-            counts = [sum(status(r) == s for r in runs) for s in ("done", "partial", "new")]
-            print("{} runs: {} done, {} partial, {} new".format(len(runs), *counts))
-            return
-        results = args.results or os.path.join(args.workdir, "results")
-        if not args.overwrite:
-            check_results(results, runs, context)  # before any run: nothing is lost
-        run_all(runs, args.workdir)
-        write_report(runs, context, argv, results)
-        print(f"wrote {results}.md, {results}.png, {results}.json")
+            print_plan(runs)
+        elif args.launcher == "slurm" and args.status:
+            slurm.print_status(runs, args.workdir)
+        else:
+            sweep(runs, context, args, argv)
     except SweepError as e:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:
+        if args.launcher == "slurm":
+            sys.exit("interrupted; submitted jobs keep running: --status shows them, the same "
+                     "command writes the table once all are done")  # fmt: skip
         sys.exit("interrupted (train.py saves a checkpoint on SIGTERM); rerun to resume")
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def print_plan(runs) -> None:
+    """--dry_run: every run with its status (done, partial, new), then the counts."""
+    width = max(len(run.row) for run in runs)
+    for run in runs:
+        print(f"{run.row:>{width}}  seed {run.seed}  {status(run):>7}  {run.workdir}")
+    counts = [sum(status(r) == s for r in runs) for s in ("done", "partial", "new")]
+    print("{} runs: {} done, {} partial, {} new".format(len(runs), *counts))
+
+
+def sweep(runs, context: dict, args, argv) -> None:
+    """Runs (local) or submits (slurm) what is not done; writes the table once every
+    run is done."""
+    results = args.results or os.path.join(args.workdir, "results")
+    if not args.overwrite:
+        check_results(results, runs, context)  # before any run: nothing is lost
+    if args.launcher == "slurm":
+        if not slurm.run_all(runs, args, format_command(argv)):
+            return  # jobs still queued or running
+        context = dict(context, device=slurm.describe(args))
+    else:
+        run_all(runs, args.workdir)
+    write_report(runs, context, argv, results)
+    print(f"wrote {results}.md, {results}.png, {results}.json")
 
 
 if __name__ == "__main__":
