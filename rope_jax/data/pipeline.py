@@ -75,15 +75,37 @@ def text_train_iterator(data_config, *, seed: int, batch_size: int, shard: tuple
             f"the train split of {sources.describe(data_config)} has {len(tokens)} tokens, "
             f"fewer than data.seq_len + 1 = {seq_len + 1}"
         )
+    windows = Windows(tokens, seq_len, shard, packing_mode=packing.mode(data_config))
+    return shuffled_batches(num_windows, windows, seed=seed, batch_size=batch_size, shard=shard)
+
+
+def shuffled_batches(num_windows: int, windows, *, seed: int, batch_size: int, shard,
+                     options: grain.ReadOptions = READ_OPTIONS):  # fmt: skip
+    """Training batches of any window source: the indices 0..num_windows-1 shuffled
+    (seeded, a new permutation every epoch, forever), cut into global batches of
+    `process_count * B` and mapped by `windows` (indices -> this process's batch).
+    A checkpointable `grain.DatasetIterator`."""
     ds = (
         grain.MapDataset.range(num_windows)
         .seed(int(seed))
         .shuffle()  # a new permutation per epoch: repeat() reseeds each epoch
         .repeat()
         .batch(batch_size * shard[1], drop_remainder=True)
-        .map(Windows(tokens, seq_len, shard, packing_mode=packing.mode(data_config)))
+        .map(windows)
     )
-    return iter(ds.to_iter_dataset(READ_OPTIONS))
+    return iter(ds.to_iter_dataset(options))
+
+
+def ordered_batches(num_windows: int, windows, *, batch_size: int, shard, num_batches: int | None,
+                    options: grain.ReadOptions = READ_OPTIONS):  # fmt: skip
+    """Evaluation batches: every window once, in order, padded to whole global batches
+    (the padding rows past the end have weight 0); the first `num_batches` if set."""
+    global_batch = batch_size * shard[1]
+    rows = -(-num_windows // global_batch) * global_batch
+    ds = grain.MapDataset.range(rows).batch(global_batch).map(windows)
+    if num_batches is not None:
+        ds = ds[:num_batches]
+    return ds.to_iter_dataset(options)
 
 
 def num_eval_windows(num_tokens: int, seq_len: int) -> int:
@@ -95,12 +117,7 @@ def text_eval_iterator(data_config, *, split: str, batch_size: int, seq_len: int
                        num_batches: int | None, shard: tuple[int, int]):  # fmt: skip
     """Every window of a text split once, in order, padded to whole batches."""
     tokens = sources.token_stream(data_config, split)
-    global_batch = batch_size * shard[1]
-    rows = num_eval_windows(len(tokens), seq_len)
-    rows = -(-rows // global_batch) * global_batch  # pad to whole batches
     windows = Windows(tokens, seq_len, shard, packing_mode=packing.mode(data_config),
                       target_bytes=True)  # fmt: skip
-    ds = grain.MapDataset.range(rows).batch(global_batch).map(windows)
-    if num_batches is not None:
-        ds = ds[:num_batches]
-    return ds.to_iter_dataset(READ_OPTIONS)
+    return ordered_batches(num_eval_windows(len(tokens), seq_len), windows,
+                           batch_size=batch_size, shard=shard, num_batches=num_batches)  # fmt: skip

@@ -28,7 +28,7 @@ import grain
 import numpy as np
 import tensorflow_datasets as tfds
 
-from rope_jax.data import packing, readers, shards, sources, tokenizers
+from rope_jax.data import packing, pipeline, readers, shards, sources, tokenizers
 
 AUTO_DIR = "prepared"  # DIR/prepared/...: corpora prepared on first use
 VERIFIED = "verified.json"  # DIR/NAME/verified.json: shards whose sha256 matched
@@ -300,29 +300,17 @@ def train_iterator(data_config, path: str, *, seed: int, batch_size: int, shard)
             f"the train split of {path} has {len(split)} tokens, fewer than "
             f"data.seq_len + 1 = {seq_len + 1}"
         )
-    ds = (
-        grain.MapDataset.range(num_windows)
-        .seed(int(seed))
-        .shuffle()
-        .repeat()
-        .batch(batch_size * shard[1], drop_remainder=True)
-        .map(
-            Windows(split, seq_len, shard=shard, packing_mode=packing.mode(data_config))
-        )  # fmt: skip
-    )
-    return iter(ds.to_iter_dataset(READ_OPTIONS))
+    windows = Windows(split, seq_len, shard=shard, packing_mode=packing.mode(data_config))
+    return pipeline.shuffled_batches(num_windows, windows, seed=seed, batch_size=batch_size,
+                                     shard=shard, options=READ_OPTIONS)  # fmt: skip
 
 
 def eval_iterator(data_config, path: str, *, split: str, batch_size: int, seq_len: int,
                   num_batches: int | None, shard):  # fmt: skip
     """Every window of a split once, in order, padded to whole batches, with target bytes."""
     reader = open_split(path, split)
-    global_batch = batch_size * shard[1]
-    rows = reader.num_windows(seq_len, partial=True)
-    rows = -(-rows // global_batch) * global_batch
     windows = Windows(reader, seq_len, shard=shard, packing_mode=packing.mode(data_config),
                       target_bytes=True)  # fmt: skip
-    ds = grain.MapDataset.range(rows).batch(global_batch).map(windows)
-    if num_batches is not None:
-        ds = ds[:num_batches]
-    return ds.to_iter_dataset(READ_OPTIONS)
+    return pipeline.ordered_batches(reader.num_windows(seq_len, partial=True), windows,
+                                    batch_size=batch_size, shard=shard,
+                                    num_batches=num_batches, options=READ_OPTIONS)  # fmt: skip
