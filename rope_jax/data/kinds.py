@@ -64,9 +64,11 @@ class Text:
         seq_len = _positive_int(seq_len or self.config.get("seq_len", None), "seq_len")
         if num_batches is not None:
             num_batches = _positive_int(num_batches, "num_batches")
-        return pipeline.text_eval_iterator(self.config, split=split, batch_size=batch_size,
-                                           seq_len=seq_len, num_batches=num_batches,
-                                           shard=shard)  # fmt: skip
+        return self._eval_batches(split=split, batch_size=batch_size, seq_len=seq_len,
+                                  num_batches=num_batches, shard=shard)  # fmt: skip
+
+    def _eval_batches(self, **kw):
+        return pipeline.text_eval_iterator(self.config, **kw)
 
 
 class Prepared(Text):
@@ -101,13 +103,8 @@ class Prepared(Text):
         return prepared.train_iterator(self.config, self.path, seed=seed,
                                        batch_size=batch_size, shard=shard)  # fmt: skip
 
-    def eval_iterator(self, *, split, batch_size, seq_len, num_batches, shard):
-        seq_len = _positive_int(seq_len or self.config.get("seq_len", None), "seq_len")
-        if num_batches is not None:
-            num_batches = _positive_int(num_batches, "num_batches")
-        return prepared.eval_iterator(self.config, self.path, split=split,
-                                      batch_size=batch_size, seq_len=seq_len,
-                                      num_batches=num_batches, shard=shard)  # fmt: skip
+    def _eval_batches(self, **kw):
+        return prepared.eval_iterator(self.config, self.path, **kw)
 
 
 class Multimodal:
