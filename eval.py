@@ -4,6 +4,7 @@ r"""Evaluates a checkpoint of a training run on held-out data.
   python eval.py --workdir=runs/x --step=500 --seq_lens=256,512,1024
   python eval.py --workdir=runs/x --fallback            # skip damaged newest steps
   python eval.py --workdir=runs/x --splits=test --tag=test   # eval_<step>_test.json
+  python eval.py --workdir=runs/x --seq_lens=128,512 --passkey=100   # + passkey retrieval
   python eval.py --workdir=runs/x --generate --prompt="ROMEO:" --max_new_tokens=200
 
 Writes <workdir>/eval_<step>.json (eval_<step>_<tag>.json with --tag): per context
@@ -52,6 +53,12 @@ def define_flags():
         None,
         "Replaces model.rope.max_position_embeddings for this evaluation.",
     )
+    flags.DEFINE_integer(
+        "passkey",
+        0,
+        "Passkey-retrieval examples per length (byte-level text); 0 = none. Adds "
+        "passkey_accuracy to each length's entry.",
+    )
     flags.DEFINE_bool("generate", False, "Print a continuation of --prompt instead.")
     flags.DEFINE_string("prompt", "", "Text to continue with --generate ('' = a new document).")
     flags.DEFINE_integer("max_new_tokens", 200, "Tokens (bytes) to generate.")
@@ -90,6 +97,7 @@ def main(argv):
             overwrite=FLAGS.overwrite,
             rope_scaling=None if FLAGS.rope_scaling is None else json.loads(FLAGS.rope_scaling),
             max_position_embeddings=FLAGS.max_position_embeddings,
+            passkey_examples=FLAGS.passkey,
         )
     except ValueError as e:  # CheckpointError, DataSourceError, WorkdirError, config errors
         cli.fail(e)

@@ -135,6 +135,7 @@ def base_config(size: str) -> ml_collections.ConfigDict:
     # data.files: prepared once into <data_dir>/prepared/ (python -m rope_jax.data.prepare)
     c.data.tokenizer = ""
     c.data.packing = "stream"  # stream | documents (positions restart, attention per document)
+    c.data.passkey_rate = 0.0  # share of training windows made passkey-retrieval examples
     c.data.text_key = "text"  # feature holding the text in other TFDS datasets
     c.data.train_split = "train"  # split to train on
     c.data.eval_split = "validation"  # held-out split evaluated during training

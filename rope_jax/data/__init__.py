@@ -32,6 +32,8 @@
                  once into <data_dir>/prepared/ and read from shards (`prepared`).
   packing:       "stream" | "documents" (positions restart and attention stays inside
                  each document; batches add `segments` and `positions`; `packing`).
+  passkey_rate:  share of training windows (byte-level text) that become passkey-
+                 retrieval examples (`passkey`); 0 = none.
   scheme:        multimodal layout placing patches (`rope_jax.layouts.SCHEMES`); text
                  positions are the same in every scheme.
 
@@ -81,6 +83,7 @@ def default_config() -> ml_collections.ConfigDict:
             "scheme": "flat",  # multimodal layout (rope_jax.layouts.SCHEMES)
             "tokenizer": "",  # "" = the data's own; bytes | train:VOCAB | file path
             "packing": "stream",  # stream | documents
+            "passkey_rate": 0.0,  # share of training windows that are passkey examples
         }
     )
 

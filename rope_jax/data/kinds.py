@@ -24,7 +24,16 @@ from __future__ import annotations
 import numpy as np
 
 from rope_jax import layouts
-from rope_jax.data import digits, multimodal, packing, pipeline, prepared, sources, tokenizers
+from rope_jax.data import (
+    digits,
+    multimodal,
+    packing,
+    passkey,
+    pipeline,
+    prepared,
+    sources,
+    tokenizers,
+)
 
 
 class Text:
@@ -49,8 +58,9 @@ class Text:
         return packing.batch_fields(self.config)
 
     def check(self, model_config, eval_splits=()) -> None:
-        """Only the packing mode: the corpus is read later."""
+        """Only the packing mode and the passkey rate: the corpus is read later."""
         packing.check(self.config, text=True)
+        passkey.check(self.config, byte_text=True)
 
     def prepare(self) -> None:
         sources.prepare(self.config)
@@ -89,6 +99,7 @@ class Prepared(Text):
     def check(self, model_config, eval_splits=()) -> None:
         """Packing, and for a dataset already prepared its tokenizer and splits."""
         packing.check(self.config, text=True)
+        passkey.check(self.config, byte_text=False)
         if prepared.auto_source(self.config) is None:
             prepared.check_tokenizer(self.config, self.path)
             c = self.config
@@ -131,6 +142,7 @@ class Multimodal:
 
     def check(self, model_config, eval_splits=()) -> None:
         packing.check(self.config, text=False)
+        passkey.check(self.config, byte_text=False)
         multimodal.check_config(self.config, model_config, eval_splits)
 
     def prepare(self) -> None:

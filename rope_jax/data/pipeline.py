@@ -24,7 +24,7 @@ from __future__ import annotations
 import grain
 import numpy as np
 
-from rope_jax.data import packing, sources
+from rope_jax.data import packing, passkey, sources
 from rope_jax.data.tokenizer import EOS_ID, PAD_ID
 
 # Batches are cut with vectorised numpy, so one worker thread plus a small buffer is
@@ -36,15 +36,19 @@ class Windows:
     """Grain map: window indices [process_count * B] -> a batch dict of [B, T] arrays.
 
     With `shard=(index, count)` the indices are a global batch for `count` processes and
-    this process keeps its contiguous block of B rows, number `index`.
+    this process keeps its contiguous block of B rows, number `index`. With
+    `passkey=(rate, seed)` a row becomes a passkey example with probability rate
+    (`passkey.insert`, training only).
     """
 
     def __init__(self, tokens: np.ndarray, seq_len: int, shard: tuple[int, int] = (0, 1), *,
-                 packing_mode: str = "stream", target_bytes: bool = False):  # fmt: skip
+                 packing_mode: str = "stream", target_bytes: bool = False,
+                 passkey: tuple[float, int] = (0.0, 0)):  # fmt: skip
         self.tokens = tokens
         self.seq_len = seq_len
         self.shard = shard
         self.packing_mode, self.target_bytes = packing_mode, target_bytes
+        self.passkey = passkey
 
     def __call__(self, indices) -> dict[str, np.ndarray]:
         index, count = self.shard
@@ -53,6 +57,8 @@ class Windows:
         pos = indices[:, None] * t + np.arange(t + 1)[None, :]  # [B, T+1]
         valid = pos < n
         window = np.where(valid, self.tokens[np.minimum(pos, n - 1)], PAD_ID).astype(np.int32)
+        if self.passkey[0] > 0:  # training windows: always whole (valid everywhere)
+            window = passkey.insert(window, indices, rate=self.passkey[0], seed=self.passkey[1])
         batch = {
             "inputs": np.ascontiguousarray(window[:, :-1]),
             "targets": np.ascontiguousarray(window[:, 1:]),
@@ -75,7 +81,8 @@ def text_train_iterator(data_config, *, seed: int, batch_size: int, shard: tuple
             f"the train split of {sources.describe(data_config)} has {len(tokens)} tokens, "
             f"fewer than data.seq_len + 1 = {seq_len + 1}"
         )
-    windows = Windows(tokens, seq_len, shard, packing_mode=packing.mode(data_config))
+    windows = Windows(tokens, seq_len, shard, packing_mode=packing.mode(data_config),
+                      passkey=(passkey.rate(data_config), seed))  # fmt: skip
     return shuffled_batches(num_windows, windows, seed=seed, batch_size=batch_size, shard=shard)
 
 

@@ -23,9 +23,9 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from rope_jax import data
-from rope_jax.data import sources
-from rope_jax.harness import checkpoint, console, distributed, setup
+from rope_jax import data, sharding
+from rope_jax.data import passkey, sources
+from rope_jax.harness import checkpoint, console, distributed, feed, metrics, setup, steps
 from rope_jax.harness import workdir as workdir_lib
 from rope_jax.nn import generate
 
@@ -149,11 +149,14 @@ def evaluate_checkpoint(
     overwrite: bool = False,
     rope_scaling: dict | None = None,
     max_position_embeddings: int | None = None,
+    passkey_examples: int = 0,
 ) -> dict:
     """Restores a checkpoint into an abstract target and evaluates it; writes JSON.
 
     `rope_scaling` (a dict of rope_parameters keys) evaluates under another context-
     scaling rule than training used; `max_position_embeddings` likewise.
+    `passkey_examples` > 0 adds passkey-retrieval accuracy at every length
+    (`passkey_accuracy`).
 
     The file (`eval_path`) also records the settings; the returned dict is the same
     without them.
@@ -169,8 +172,11 @@ def evaluate_checkpoint(
     num_batches = config.eval.num_batches if num_batches is None else num_batches
     settings = {"seq_lens": seq_lens, "split": split, "splits": splits,
                 "num_batches": num_batches, "rope_scaling": rope_scaling,
-                "max_position_embeddings": max_position_embeddings}  # fmt: skip
+                "max_position_embeddings": max_position_embeddings,
+                "passkey_examples": passkey_examples}  # fmt: skip
     eval_path(workdir, 0, tag)  # a bad tag fails now
+    if passkey_examples:
+        check_passkey(config, seq_lens, passkey_examples)
     workdir_lib.check_writable(workdir)
     if step is not None or not fallback:
         step = _newest(workdir) if step is None else step
@@ -187,6 +193,10 @@ def evaluate_checkpoint(
         result[str(seq_len)] = setup.evaluate(
             run, state["params"], config, split=split, seq_len=seq_len, num_batches=num_batches
         )
+        if passkey_examples:
+            result[str(seq_len)].update(passkey_accuracy(
+                run, state["params"], config, split=split, seq_len=seq_len,
+                num_examples=passkey_examples))  # fmt: skip
         logging.info("step %d, seq_len %d: %s", step, seq_len, result[str(seq_len)])
     for name in splits:
         result[name] = setup.evaluate(
@@ -197,6 +207,34 @@ def evaluate_checkpoint(
         workdir_lib.write_atomic(path, json.dumps({**result, "settings": settings}, indent=2))
     console.say(json.dumps(result, indent=2))  # process 0 only
     return result
+
+
+def check_passkey(config, seq_lens, num_examples) -> None:
+    """Passkey evaluation needs byte-level text and lengths that hold an example."""
+    if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 0:
+        raise ValueError(f"--passkey={num_examples!r} must be a number of examples >= 0")
+    if data.kind(config.data).name != "text":
+        raise ValueError("--passkey needs byte-level text data (passkey examples are bytes)")
+    for seq_len in seq_lens:
+        passkey.check_length(seq_len)
+
+
+def passkey_accuracy(run: setup.Setup, params, config, *, split: str, seq_len: int,
+                     num_examples: int) -> dict:  # fmt: skip
+    """Exact-match passkey retrieval at window length `seq_len`: `num_examples` keys hidden
+    at evenly spread depths of `split`'s text (`data.passkey`); every process scores the
+    same examples (its own rows of each global batch)."""
+    filler = sources.token_stream(config.data, split)
+    batch_size, index, count = config.eval.batch_size, jax.process_index(), jax.process_count()
+    local = batch_size // count
+    batches = passkey.eval_batches(filler, seq_len, num_examples, batch_size=batch_size)
+    rows = ({k: v[index * local : (index + 1) * local] for k, v in b.items()} for b in batches)
+    placed = (feed.put_batch(b, run.batch_sharding) for b in rows)
+    step = jax.jit(steps.make_eval_step(run.graphdef, num_tasks=1),
+                   in_shardings=(run.shardings["params"], run.batch_sharding))  # fmt: skip
+    with sharding.use_mesh(run.mesh, run.rules):
+        out = metrics.evaluate(step, params, placed, ("passkey",))
+    return {"passkey_accuracy": out["answer_accuracy"], "passkey_examples": out["questions"]}
 
 
 def without_corpus(config):

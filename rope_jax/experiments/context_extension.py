@@ -1,0 +1,503 @@
+r"""Context extension: train at T, then evaluate at T, 2T, 4T and 8T under each scaling rule,
+without fine-tuning and after a short fine-tune at 4T; held-out loss and passkey retrieval.
+
+  python -m rope_jax.experiments.context_extension --config=configs/lm.py:size=tiny \
+      --workdir=runs/context_extension --out=results/context_extension \
+      [--rows=qk,vo] [--rules=none,yarn] [--seeds=2] [--finetune_steps=100] [--set k=v,...]
+
+Rows (`ROWS`): rotation sites qk (RoPE), vo, qkvo, NoPE, and the learned rotations
+(freqs, commuting). Rules (`RULES`, docs/maths.md#context-scaling): none (the model as
+trained), linear (position interpolation), dynamic (NTK-aware, at each length), yarn and
+llama3, each with factor f = --factor (4) from L0 = T. A rule applies to a row with a
+fixed rotation; NoPE and the learned rotations have only `none`.
+
+Per (row, seed), in <workdir>/<row>/seed_<k>/:
+  base/          train.py at T (`data.passkey_rate` of the config, default --passkey_rate),
+                 then one evaluation per rule: eval_<step>_<rule>.json.
+  finetune_<rule>/  train.py at 4T from base (`train.init_from`) for --finetune_steps
+                 under the rule (max_position_embeddings = T), then eval_<step>.json.
+Every evaluation scores --num_batches batches of the validation split at each length
+and --passkey examples of passkey retrieval (`data.passkey`). Training runs in
+subprocesses (resumable, killable); a finished stage is skipped, so the same command
+continues an interrupted experiment. Writes <out>.json (every number), <out>.md (the
+table, the command, and verdicts on the published claims) and <out>.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import json
+import math
+import os
+import shlex
+import sys
+import time
+
+from rope_jax.experiments import launch, plan
+
+ROWS = {
+    "qk": {"model.rope.sites": "qk"},
+    "vo": {"model.rope.sites": "vo"},
+    "qkvo": {"model.rope.sites": "qkvo"},
+    "nope": {"model.rope.sites": ""},
+    "freqs": {"model.rope.sites": "qk", "model.rope.learned": "freqs"},
+    "commuting": {"model.rope.sites": "qk", "model.rope.learned": "commuting"},
+}
+RULES = ("none", "linear", "dynamic", "yarn", "llama3")
+MULTIPLES = (1, 2, 4, 8)  # evaluation lengths, in units of T
+FINETUNE_MULTIPLE = 4  # fine-tuning length, in units of T
+
+
+def rule_scaling(rule: str, factor: float, train_len: int) -> dict | None:
+    """`model.rope.scaling` of a rule (HF rope_parameters keys); None = as trained."""
+    if rule not in RULES:
+        raise plan.SweepError(f"--rules: {rule!r} is not one of {', '.join(RULES)}")
+    original = {"original_max_position_embeddings": train_len}
+    return {
+        "none": None,
+        "linear": {"rope_type": "linear", "factor": factor},
+        "dynamic": {"rope_type": "dynamic", "factor": factor},
+        "yarn": {"rope_type": "yarn", "factor": factor, **original},
+        "llama3": {
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            **original,
+        },  # fmt: skip
+    }[rule]
+
+
+def rules_for(overrides: dict, rules) -> list[str]:
+    """A fixed, non-empty rotation takes every rule; NoPE and learned rotations `none`."""
+    fixed = overrides.get("model.rope.learned", "none") == "none"
+    return list(rules) if fixed and overrides.get("model.rope.sites", "qk") else ["none"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One (row, seed, rule, fine-tuned?) cell: how it is trained and how evaluated."""
+
+    row: str
+    seed: int
+    rule: str
+    finetuned: bool
+    workdir: str  # the run that is evaluated
+    train_flags: tuple  # train.py flags of that run
+    final_step: int
+    scaling: dict | None  # eval-time rule (base runs); None for fine-tuned runs
+    tag: str  # eval_<step>_<tag>.json ("" for fine-tuned runs)
+
+    @property
+    def eval_path(self) -> str:
+        return os.path.join(
+            self.workdir, f"eval_{self.final_step}{'_' + self.tag if self.tag else ''}.json"
+        )
+
+
+def parse_args(argv) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m rope_jax.experiments.context_extension",
+                                description=__doc__.split("\n\n")[0])  # fmt: skip
+    p.add_argument("--config", default="configs/lm.py:size=tiny")
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--out", default="", help="results path without extension")
+    p.add_argument("--rows", default=",".join(ROWS))
+    p.add_argument("--rules", default=",".join(RULES))
+    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--factor", type=float, default=float(FINETUNE_MULTIPLE))
+    p.add_argument("--finetune_steps", type=int, default=100)
+    p.add_argument("--finetune_lr", type=float, default=1e-3)
+    p.add_argument("--passkey_rate", type=float, default=0.5,
+                   help="data.passkey_rate of every run (unless --set sets it)")  # fmt: skip
+    p.add_argument("--passkey", type=int, default=100, help="passkey examples per length")
+    p.add_argument("--num_batches", type=int, default=8, help="eval batches per length")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    return p.parse_args(argv)
+
+
+def _names(text: str, known, flag: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise plan.SweepError(f"{flag}: unknown {', '.join(unknown) or '(none given)'}; "
+                              f"known: {', '.join(known)}")  # fmt: skip
+    return names
+
+
+def make_plan(args) -> tuple[list[Case], dict]:
+    """Checks everything a user can get wrong, then lists the cases; runs nothing."""
+    rows, rules = _names(args.rows, ROWS, "--rows"), _names(args.rules, RULES, "--rules")
+    for name, value in (("--seeds", args.seeds), ("--finetune_steps", args.finetune_steps),
+                        ("--num_batches", args.num_batches)):  # fmt: skip
+        if value < 1:
+            raise plan.SweepError(f"{name}={value} must be >= 1")
+    if not args.factor > 1:
+        raise plan.SweepError(f"--factor={args.factor} must be > 1")
+    path, _, arg = args.config.partition(":")
+    _, base, _ = plan.load_rows(path, arg)
+    sets = {"data.passkey_rate": args.passkey_rate}
+    fields, types = plan.leaves(base), plan.field_types(base)
+    for key, text in plan.split_sets(args.set):
+        try:
+            sets[key] = plan.parse_value(text, fields.get(key), types.get(key))
+        except ValueError as e:
+            raise plan.SweepError(f"--set {key}={text}: {e}") from None
+    plan.apply(base, sets, "--set")
+    from rope_jax.data import passkey  # imports numpy only; jax below
+    from rope_jax.harness import checks
+
+    t = int(base.data.seq_len)
+    lengths = [t * m for m in MULTIPLES]
+    if args.passkey:
+        passkey.check_length(t)
+    config_arg = os.path.abspath(path) + (f":{arg}" if arg else "")
+    cases = []
+    for row in rows:
+        overrides = {**sets, **ROWS[row]}
+        config = base.copy_and_resolve_references()
+        plan.apply(config, ROWS[row], f"row {row}")
+        try:
+            checks.check_config(config)
+        except ValueError as e:
+            raise plan.SweepError(f"row {row}: {e}") from None
+        for seed in range(args.seeds):
+            root = os.path.abspath(os.path.join(args.workdir, row, f"seed_{seed}"))
+            head = (f"--config={config_arg}", f"--config.seed={seed}")
+            base_dir = os.path.join(root, "base")
+            base_flags = (*head, f"--workdir={base_dir}", *_flags(overrides))
+            for rule in rules_for(ROWS[row], rules):
+                scaling = rule_scaling(rule, args.factor, t)
+                cases.append(Case(row, seed, rule, False, base_dir, base_flags,
+                                  int(config.train.num_steps), scaling, rule))  # fmt: skip
+                ft_dir = os.path.join(root, f"finetune_{rule}")
+                ft = {**overrides, **_finetune(scaling, args, t, base_dir)}
+                cases.append(Case(row, seed, rule, True, ft_dir,
+                                  (*head, f"--workdir={ft_dir}", *_flags(ft)),
+                                  args.finetune_steps, None, ""))  # fmt: skip
+    meta = {"config": args.config, "train_len": t, "lengths": lengths, "rows": rows,
+            "rules": rules, "seeds": args.seeds, "factor": args.factor,
+            "finetune_len": FINETUNE_MULTIPLE * t, "finetune_steps": args.finetune_steps,
+            "finetune_lr": args.finetune_lr, "passkey_examples": args.passkey,
+            "num_batches": args.num_batches,
+            "sets": {k: plan.flag_value(v) for k, v in sets.items()},
+            "settings": {k: fields[k] for k in plan.SETTINGS if k in fields}}  # fmt: skip
+    return cases, meta
+
+
+def _flags(overrides: dict) -> tuple:
+    return tuple(f"--config.{k}={plan.flag_value(v)}" for k, v in overrides.items())
+
+
+def _finetune(scaling: dict | None, args, train_len: int, base_dir: str) -> dict:
+    """Overrides of a fine-tune at FINETUNE_MULTIPLE x T from `base_dir` under `scaling`."""
+    out = {"data.seq_len": FINETUNE_MULTIPLE * train_len, "train.num_steps": args.finetune_steps,
+           "train.init_from": base_dir, "optim.lr": args.finetune_lr,
+           "optim.warmup_steps": max(1, args.finetune_steps // 10),
+           "train.eval_every_steps": 0, "train.ckpt_every_steps": args.finetune_steps,
+           "model.rope.max_position_embeddings": train_len}  # fmt: skip
+    out.update({f"model.rope.scaling.{k}": v for k, v in (scaling or {}).items()})
+    return out
+
+
+# ------------------------------------------------------------------------------ running
+
+
+def run_all(cases: list[Case], meta: dict, workdir: str) -> None:
+    """Trains what is not trained (subprocesses), evaluates what is not evaluated
+    (in-process), in order, with progress and an ETA."""
+    env = dict(os.environ, **launch.cache_env(workdir))
+    os.environ.update(launch.cache_env(workdir))  # this process's evaluations share it
+    todo = [c for c in cases if not _done(c, meta)]
+    durations = []
+    for k, case in enumerate(cases, 1):
+        head = f"[{k}/{len(cases)}] {case.row} seed={case.seed} {_label(case)}"
+        if case not in todo:
+            print(f"{head}  done, skipped", flush=True)
+            continue
+        left = len(todo) - len(durations)
+        eta = "n/a" if not durations else datetime.timedelta(
+            seconds=round(sum(durations) / len(durations) * left))  # fmt: skip
+        print(f"{head}  {case.workdir}  ETA {eta}", flush=True)
+        start = time.time()
+        _train(case, env)
+        _evaluate(case, meta)
+        durations.append(time.time() - start)
+        rec = _record(case)
+        print(f"    {_summary(rec)}  ({durations[-1]:.0f}s)", flush=True)
+
+
+def _summary(rec: dict) -> str:
+    key = lambda n: f" passkey {rec['passkey'][n]:.2f}" if n in rec["passkey"] else ""  # noqa: E731
+    return ", ".join(f"@{n} loss {rec['loss'][n]:.3f}{key(n)}" for n in rec["loss"])
+
+
+def _label(case: Case) -> str:
+    return f"rule={case.rule} " + ("fine-tuned" if case.finetuned else "as trained")
+
+
+def _done(case: Case, meta: dict) -> bool:
+    try:
+        with open(case.eval_path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return all(str(n) in saved for n in meta["lengths"])
+
+
+def _train(case: Case, env: dict) -> None:
+    if launch.latest_checkpoint(case.workdir) == case.final_step:
+        return
+    os.makedirs(case.workdir, exist_ok=True)
+    log = os.path.join(case.workdir, "train.log")
+    try:
+        launch.launch([sys.executable, "train.py", *case.train_flags], log, env)
+    except plan.SweepError as e:
+        raise plan.SweepError(
+            f"{case.row} seed={case.seed} {_label(case)}: {e}; log: {log}"
+        ) from None
+    if launch.latest_checkpoint(case.workdir) != case.final_step:
+        raise plan.SweepError(f"{case.workdir}: train.py stopped before step {case.final_step}")
+
+
+def _evaluate(case: Case, meta: dict) -> None:
+    from rope_jax.harness.evaluate import evaluate_checkpoint  # imports jax
+
+    log = os.path.join(case.workdir, "eval.log")
+    with open(log, "a") as f, contextlib.redirect_stdout(f):
+        evaluate_checkpoint(case.workdir, step=case.final_step, seq_lens=meta["lengths"],
+                            num_batches=meta["num_batches"], tag=case.tag, overwrite=True,
+                            rope_scaling=case.scaling,
+                            passkey_examples=meta["passkey_examples"])  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ results
+
+
+def _record(case: Case) -> dict:
+    with open(case.eval_path) as f:
+        saved = json.load(f)
+    lengths = sorted(int(k) for k in saved if k.isdigit())
+    return {
+        "loss": {n: saved[str(n)]["loss"] for n in lengths},
+        "passkey": {
+            n: saved[str(n)]["passkey_accuracy"]
+            for n in lengths
+            if "passkey_accuracy" in saved[str(n)]
+        },  # fmt: skip
+    }
+
+
+def collect(cases: list[Case], meta: dict) -> dict:
+    """Every case's numbers, and per (row, rule, fine-tuned) mean and std over seeds."""
+    runs, groups = [], {}
+    for case in cases:
+        rec = _record(case)
+        runs.append({"row": case.row, "seed": case.seed, "rule": case.rule,
+                     "finetuned": case.finetuned, **rec})  # fmt: skip
+        groups.setdefault((case.row, case.rule, case.finetuned), []).append(rec)
+    cells = []
+    for (row, rule, finetuned), recs in groups.items():
+        cell = {"row": row, "rule": rule, "finetuned": finetuned, "seeds": len(recs)}
+        for metric in ("loss", "passkey"):
+            per_length = {n: [r[metric][n] for r in recs if n in r[metric]]
+                          for n in meta["lengths"]}  # fmt: skip
+            cell[metric] = {str(n): _mean_std(v) for n, v in per_length.items() if v}
+        cells.append(cell)
+    return {**meta, "runs": runs, "cells": cells}
+
+
+def _mean_std(values: list[float]) -> list[float]:
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return [mean, None]  # one seed: no spread to compare against
+    return [mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))]
+
+
+def _cell(result: dict, row: str, rule: str, finetuned: bool) -> dict | None:
+    return next((c for c in result["cells"] if (c["row"], c["rule"], c["finetuned"])
+                 == (row, rule, finetuned)), None)  # fmt: skip
+
+
+def _fmt(ms, digits: int = 3) -> str:
+    if ms is None:
+        return "-"
+    mean, std = ms
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std else "")
+
+
+def render_markdown(result: dict, command: str = "") -> str:
+    t, lengths = result["train_len"], result["lengths"]
+    lines = ["# Context extension: scaling rules, with and without a short fine-tune", ""]
+    if command:
+        lines += [f"Command: `{command}`", ""]
+    s = result["settings"]
+    lines += [
+        f"Trained at T = {t} ({s.get('model.num_layers')} layers, D = {s.get('model.embed_dim')}, "
+        f"{s.get('train.num_steps')} steps, {s.get('data.name')}, passkey rate "
+        f"{result['sets'].get('data.passkey_rate')}); evaluated at {', '.join(map(str, lengths))} "
+        f"as trained and after {result['finetune_steps']} fine-tuning steps at "
+        f"{result['finetune_len']} (lr {result['finetune_lr']}) under the same rule. Scaling "
+        f"factor {result['factor']:g} from L0 = T. Loss: held-out nats/token over "
+        f"{result['num_batches']} batches per length; passkey: exact-match retrieval of "
+        f"{result['passkey_examples']} five-digit keys per length. Mean ± std over "
+        f"{result['seeds']} seed(s).",
+        "",
+        "| row | rule | fine-tuned | "
+        + " | ".join(f"loss @{n}" for n in lengths)
+        + " | "
+        + " | ".join(f"passkey @{n}" for n in lengths)
+        + " |",
+        "|---|---|---|" + "---|" * (2 * len(lengths)),
+    ]
+    for c in result["cells"]:
+        loss = [_fmt(c["loss"].get(str(n))) for n in lengths]
+        key = [_fmt(c["passkey"].get(str(n)), 2) for n in lengths]
+        lines.append(f"| {c['row']} | {c['rule']} | {'yes' if c['finetuned'] else 'no'} | "
+                     + " | ".join(loss + key) + " |")  # fmt: skip
+    lines += ["", "## The published claims at this scale", ""]
+    lines += [f"- {v}" for v in verdicts(result)]
+    return "\n".join(lines) + "\n"
+
+
+def _gap(a, b) -> float:
+    """Noise of the difference of two cells' means (std of each; 0 with one seed)."""
+    return math.hypot(a[1] or 0.0, b[1] or 0.0)
+
+
+def _compare(a, b) -> str:
+    """'lower' / 'higher' when the means differ by more than the seed noise, else 'tied'."""
+    if a is None or b is None:
+        return "n/a"
+    diff, noise = a[0] - b[0], _gap(a, b)
+    return "tied" if abs(diff) <= noise else ("lower" if diff < 0 else "higher")
+
+
+def verdicts(result: dict) -> list[str]:
+    """Plain statements of the published claims this experiment can test, each 'holds',
+    'does not hold' or 'not resolved' (the difference is within the spread over seeds)."""
+    t, ft = result["train_len"], result["finetune_len"]
+    out = []
+
+    def loss(row, rule, finetuned, n):
+        cell = _cell(result, row, rule, finetuned)
+        return None if cell is None else cell["loss"].get(str(n))
+
+    def key(row, rule, finetuned, n):
+        cell = _cell(result, row, rule, finetuned)
+        return None if cell is None else cell["passkey"].get(str(n))
+
+    def claim(text, a, b, want):
+        got = _compare(a, b)
+        if got == "n/a":
+            return
+        verdict = "holds" if got == want else ("not resolved" if got == "tied" else "does not hold")
+        seeds = "" if a[1] is not None and b[1] is not None else "; one seed, no noise estimate"
+        out.append(f"{text}: **{verdict}** ({_fmt(a)} vs {_fmt(b)}{seeds}).")
+
+    claim(f"RoPE does not extrapolate: qk's loss at 2T = {2 * t} is above its loss at T",
+          loss("qk", "none", False, 2 * t), loss("qk", "none", False, t), "higher")  # fmt: skip
+    claim(f"Dynamic NTK extends context without training: qk loss at 4T = {4 * t} below no "
+          "scaling", loss("qk", "dynamic", False, 4 * t), loss("qk", "none", False, 4 * t),
+          "lower")  # fmt: skip
+    claim(f"YaRN beats position interpolation without fine-tuning (qk loss at 4T = {4 * t})",
+          loss("qk", "yarn", False, 4 * t), loss("qk", "linear", False, 4 * t),
+          "lower")  # fmt: skip
+    claim(f"Position interpolation needs fine-tuning, then works: qk linear loss at {ft} after "
+          "fine-tuning below as trained", loss("qk", "linear", True, ft),
+          loss("qk", "linear", False, ft), "lower")  # fmt: skip
+    claim(f"Interpolation beats plain fine-tuning at the new length: qk linear vs none at {ft}, "
+          "both fine-tuned", loss("qk", "linear", True, ft), loss("qk", "none", True, ft),
+          "lower")  # fmt: skip
+    claim(f"YaRN extrapolates past its fine-tuning length: qk loss at {2 * ft}, yarn vs linear, "
+          "both fine-tuned", loss("qk", "yarn", True, 2 * ft), loss("qk", "linear", True, 2 * ft),
+          "lower")  # fmt: skip
+    claim(f"NoPE length-generalises better than RoPE: loss at 4T = {4 * t}, nope vs qk, as "
+          "trained", loss("nope", "none", False, 4 * t), loss("qk", "none", False, 4 * t),
+          "lower")  # fmt: skip
+    claim(f"VO-RoPE extrapolates better than RoPE: loss at 4T = {4 * t}, vo vs qk, as trained",
+          loss("vo", "none", False, 4 * t), loss("qk", "none", False, 4 * t), "lower")  # fmt: skip
+    for rule in ("linear", "yarn"):
+        claim(f"After fine-tuning at {ft} with {rule}, passkey retrieval at {ft} beats the model "
+              "as trained", key("qk", rule, True, ft), key("qk", rule, False, ft),
+              "higher")  # fmt: skip
+    return out
+
+
+def plot(result: dict, path: str) -> None:
+    """Loss and passkey accuracy against length: qk under every rule, the other rows as
+    trained (`none`); left as trained, right fine-tuned."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
+    lengths = result["lengths"]
+    lines = [("qk", r) for r in result["rules"]] + [
+        (row, "none") for row in result["rows"] if row != "qk"]  # fmt: skip
+    for col, finetuned in enumerate((False, True)):
+        for row_i, metric in enumerate(("loss", "passkey")):
+            ax = axes[row_i][col]
+            for row, rule in lines:
+                cell = _cell(result, row, rule, finetuned)
+                if cell is None or not cell[metric]:
+                    continue
+                xs = [n for n in lengths if str(n) in cell[metric]]
+                ys = [cell[metric][str(n)][0] for n in xs]
+                err = [cell[metric][str(n)][1] for n in xs]
+                style = "-" if row == "qk" else "--"
+                ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, linestyle=style,
+                            label=f"{row} {rule}")  # fmt: skip
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(lengths, [str(n) for n in lengths])
+            ax.axvline(result["train_len"], color="grey", lw=0.8)
+            if finetuned:
+                ax.axvline(result["finetune_len"], color="grey", lw=0.8, ls=":")
+            what = "held-out loss (nats/token)" if metric == "loss" else "passkey accuracy"
+            when = f"fine-tuned at {result['finetune_len']}" if finetuned else "as trained"
+            ax.set_title(f"{what}, {when}")
+            ax.set_xlabel("evaluation length")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_results(result: dict, out: str, command: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out + ".json", "w") as f:
+        json.dump({**result, "command": command}, f, indent=1)
+    with open(out + ".md", "w") as f:
+        f.write(render_markdown(result, command))
+    plot(result, out + ".png")
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    command = shlex.join(["python", "-m", "rope_jax.experiments.context_extension", *argv])
+    try:
+        cases, meta = make_plan(args)
+        print(f"{len(cases)} cells ({len(meta['rows'])} rows x rules x {args.seeds} seed(s), "
+              f"as trained and fine-tuned); lengths {meta['lengths']}", flush=True)  # fmt: skip
+        run_all(cases, meta, args.workdir)
+        result = collect(cases, meta)
+    except (plan.SweepError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: the same command resumes", file=sys.stderr)
+        return 130
+    if args.out:
+        write_results(result, args.out, command)
+        print(f"wrote {args.out}.md, .json, .png")
+    else:
+        print(render_markdown(result, command))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""The context-extension experiment: its plan, its verdicts, bad requests, and a real run."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rope_jax.experiments import context_extension as ce
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ("model.num_layers=1,model.embed_dim=32,model.num_heads=2,model.num_kv_heads=1,"
+        "model.head_dim=16,model.mlp_dim=64,data.seq_len=72,data.global_batch_size=4,"
+        "train.num_steps=4,train.log_every_steps=2,train.eval_every_steps=0,"
+        "train.ckpt_every_steps=4,eval.batch_size=4")  # fmt: skip
+FAST_XLA = {"XLA_FLAGS": "--xla_backend_optimization_level=0"}
+
+
+def _args(tmp_path, *extra):
+    return ce.parse_args([f"--workdir={tmp_path}", f"--set={TINY}", *extra])
+
+
+def test_rules_are_hf_rope_parameters_from_the_training_length():
+    assert ce.rule_scaling("none", 4.0, 128) is None
+    assert ce.rule_scaling("linear", 4.0, 128) == {"rope_type": "linear", "factor": 4.0}
+    yarn = ce.rule_scaling("yarn", 4.0, 128)
+    assert yarn == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+    assert ce.rule_scaling("llama3", 2.0, 64)["original_max_position_embeddings"] == 64
+    assert ce.rules_for(ce.ROWS["qk"], ce.RULES) == list(ce.RULES)
+    assert ce.rules_for(ce.ROWS["vo"], ("none", "yarn")) == ["none", "yarn"]
+    for row in ("nope", "freqs", "commuting"):
+        assert ce.rules_for(ce.ROWS[row], ce.RULES) == ["none"]
+
+
+def test_plan_lists_each_base_evaluation_and_fine_tune(tmp_path):
+    cases, meta = ce.make_plan(_args(tmp_path, "--rows=qk,nope", "--rules=none,yarn", "--seeds=2"))
+    assert meta["lengths"] == [72, 144, 288, 576] and meta["finetune_len"] == 288
+    keys = [(c.row, c.seed, c.rule, c.finetuned) for c in cases]
+    assert len(keys) == len(set(keys)) == 2 * 2 * 2 + 2 * 2  # qk: 2 rules x 2; nope: 1 x 2
+    base = [c for c in cases if c.row == "qk" and c.seed == 1 and not c.finetuned]
+    assert {c.workdir for c in base} == {str(tmp_path / "qk" / "seed_1" / "base")}
+    assert [c.tag for c in base] == ["none", "yarn"] and base[1].scaling["factor"] == 4.0
+    ft = next(c for c in cases if c.row == "qk" and c.rule == "yarn" and c.finetuned)
+    flags = dict(f.split("=", 1) for f in ft.train_flags)
+    assert flags["--config.data.seq_len"] == "288" and flags["--config.train.num_steps"] == "100"
+    assert flags["--config.train.init_from"] == str(tmp_path / "qk" / "seed_0" / "base")
+    assert flags["--config.model.rope.scaling.rope_type"] == "yarn"
+    assert flags["--config.model.rope.max_position_embeddings"] == "72"
+    assert flags["--config.data.passkey_rate"] == "0.5" and flags["--config.seed"] == "0"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--rows=qk,bogus"], "--rows: unknown bogus"),
+        (["--rules=ntk"], "--rules: unknown ntk"),
+        (["--factor=1"], "--factor=1.0 must be > 1"),
+        (["--seeds=0"], "--seeds=0 must be >= 1"),
+        (["--set=data.seq_len=32"], "at least"),
+        (["--set=model.rope.basee=5"], "no config field 'model.rope.basee'"),
+    ],
+)
+def test_bad_requests_fail_before_anything_runs(tmp_path, extra, message):
+    with pytest.raises(ValueError, match=message):
+        ce.make_plan(_args(tmp_path, *extra))
+    assert not os.listdir(tmp_path)
+
+
+def _result(losses: dict, keys: dict | None = None) -> dict:
+    """A result of qk under two rules at T = 10 (one seed), for the verdicts."""
+    cells = []
+    for (rule, finetuned), row_losses in losses.items():
+        cell = {"row": "qk", "rule": rule, "finetuned": finetuned, "seeds": 1}
+        cell["loss"] = {
+            str(n): [v, 0.01] for n, v in zip((10, 20, 40, 80), row_losses, strict=True)
+        }
+        cell["passkey"] = {
+            str(n): [v, 0.01] for n, v in (keys or {}).get((rule, finetuned), {}).items()
+        }
+        cells.append(cell)
+    return {"train_len": 10, "finetune_len": 40, "lengths": [10, 20, 40, 80], "cells": cells}
+
+
+def test_verdicts_say_which_claims_hold_and_skip_what_was_not_run():
+    losses = {("none", False): [1.0, 1.5, 2.0, 2.5], ("linear", False): [1.2, 1.3, 1.4, 2.0],
+              ("linear", True): [1.1, 1.1, 1.1, 1.8]}  # fmt: skip
+    result = _result(losses,
+                     {("linear", True): {40: 0.9}, ("linear", False): {40: 0.1}})  # fmt: skip
+    lines = ce.verdicts(result)
+    assert any("does not extrapolate" in v and "**holds**" in v for v in lines)
+    assert any("needs fine-tuning, then works" in v and "**holds**" in v for v in lines)
+    assert any("passkey retrieval at 40" in v and "linear" in v and "**holds**" in v for v in lines)
+    assert not any("YaRN" in v or "NoPE" in v for v in lines)  # not run: no verdict
+    flat = _result({("none", False): [1.0, 0.9, 2.0, 2.5]})
+    assert "**does not hold**" in ce.verdicts(flat)[0]
+    noisy = _result({("none", False): [1.0, 1.1, 2.0, 2.5]})
+    noisy["cells"][0]["loss"]["10"][1] = noisy["cells"][0]["loss"]["20"][1] = 0.2
+    assert "**not resolved**" in ce.verdicts(noisy)[0]
+
+
+@pytest.mark.slow
+def test_a_real_experiment_trains_fine_tunes_evaluates_and_resumes(tmp_path):
+    out = tmp_path / "results" / "ctx"
+    cmd = [sys.executable, "-m", "rope_jax.experiments.context_extension",
+           f"--workdir={tmp_path / 'runs'}", f"--out={out}", "--rows=qk", "--rules=none,yarn",
+           "--finetune_steps=2", "--passkey=4", "--num_batches=1", f"--set={TINY}"]  # fmt: skip
+    env = dict(os.environ, **FAST_XLA)
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "results" / "ctx.json").read_text())
+    cells = {(c["row"], c["rule"], c["finetuned"]): c for c in result["cells"]}
+    assert set(cells) == {("qk", r, f) for r in ("none", "yarn") for f in (False, True)}
+    for cell in cells.values():
+        assert set(cell["loss"]) == set(cell["passkey"]) == {"72", "144", "288", "576"}
+        assert all(0 <= v[0] <= 1 for v in cell["passkey"].values())
+    # The yarn evaluation of the base run was made under yarn; as trained it was not.
+    base = tmp_path / "runs" / "qk" / "seed_0" / "base"
+    yarn = json.loads((base / "eval_4_yarn.json").read_text())
+    assert yarn["settings"]["rope_scaling"]["rope_type"] == "yarn"
+    assert json.loads((base / "eval_4_none.json").read_text())["settings"]["rope_scaling"] is None
+    assert cells[("qk", "none", False)]["loss"]["72"] != cells[("qk", "yarn", False)]["loss"]["72"]
+    ft = json.loads(
+        (tmp_path / "runs" / "qk" / "seed_0" / "finetune_yarn" / "config.json").read_text()
+    )
+    assert ft["data"]["seq_len"] == 288 and ft["model"]["rope"]["scaling"]["rope_type"] == "yarn"
+    assert ft["train"]["init_from"] == str(base)
+    assert "## The published claims at this scale" in (tmp_path / "results" / "ctx.md").read_text()
+    assert (tmp_path / "results" / "ctx.png").stat().st_size > 10_000
+    # Again: everything is done, nothing retrains.
+    stamp = os.path.getmtime(base / "checkpoints" / "4")
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0 and again.stdout.count("done, skipped") == 4
+    assert os.path.getmtime(base / "checkpoints" / "4") == stamp
