@@ -36,7 +36,7 @@ import shlex
 import sys
 import time
 
-from rope_jax.experiments import launch, plan
+from rope_jax.experiments import launch, plan, report
 
 ROWS = {
     "qk": {"model.rope.sites": "qk"},
@@ -222,7 +222,8 @@ def run_all(cases: list[Case], meta: dict, workdir: str) -> None:
             seconds=round(sum(durations) / len(durations) * left))  # fmt: skip
         print(f"{head}  {case.workdir}  ETA {eta}", flush=True)
         start = time.time()
-        _train(case, env)
+        label = f"{case.row} seed={case.seed} {_label(case)}"
+        launch.train_until(case.workdir, case.train_flags, case.final_step, env, label)
         _evaluate(case, meta)
         durations.append(time.time() - start)
         rec = _record(case)
@@ -245,21 +246,6 @@ def _done(case: Case, meta: dict) -> bool:
     except (OSError, ValueError):
         return False
     return all(str(n) in saved for n in meta["lengths"])
-
-
-def _train(case: Case, env: dict) -> None:
-    if launch.latest_checkpoint(case.workdir) == case.final_step:
-        return
-    os.makedirs(case.workdir, exist_ok=True)
-    log = os.path.join(case.workdir, "train.log")
-    try:
-        launch.launch([sys.executable, "train.py", *case.train_flags], log, env)
-    except plan.SweepError as e:
-        raise plan.SweepError(
-            f"{case.row} seed={case.seed} {_label(case)}: {e}; log: {log}"
-        ) from None
-    if launch.latest_checkpoint(case.workdir) != case.final_step:
-        raise plan.SweepError(f"{case.workdir}: train.py stopped before step {case.final_step}")
 
 
 def _evaluate(case: Case, meta: dict) -> None:
@@ -309,11 +295,8 @@ def collect(cases: list[Case], meta: dict) -> dict:
     return {**meta, "runs": runs, "cells": cells}
 
 
-def _mean_std(values: list[float]) -> list[float]:
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return [mean, None]  # one seed: no spread to compare against
-    return [mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))]
+def _mean_std(values: list[float]) -> list:
+    return list(report.mean_std(values))  # std None with one seed: no spread to compare
 
 
 def _cell(result: dict, row: str, rule: str, finetuned: bool) -> dict | None:

@@ -88,6 +88,22 @@ def cache_env(workdir: str, environ=os.environ) -> dict:
     return env
 
 
+def train_until(workdir: str, flags, final_step: int, env: dict, label: str) -> None:
+    """`python train.py <flags>` into <workdir>/train.log unless the checkpoint of
+    `final_step` exists (an unfinished run resumes); a SweepError naming `label` if it
+    fails or stops early."""
+    if latest_checkpoint(workdir) == final_step:
+        return
+    os.makedirs(workdir, exist_ok=True)
+    log = os.path.join(workdir, "train.log")
+    try:
+        launch([sys.executable, "train.py", *flags], log, env)
+    except SweepError as e:
+        raise SweepError(f"{label}: {e}; log: {log}") from None
+    if latest_checkpoint(workdir) != final_step:
+        raise SweepError(f"{label}: train.py stopped before step {final_step}; log: {log}")
+
+
 def execute(run: Job, env: dict) -> None:
     """train.py (unless its final checkpoint exists), then eval.py at T, 2T, 4T."""
     os.makedirs(run.workdir, exist_ok=True)
