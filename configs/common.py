@@ -136,6 +136,7 @@ def base_config(size: str) -> ml_collections.ConfigDict:
     c.data.tokenizer = ""
     c.data.packing = "stream"  # stream | documents (positions restart, attention per document)
     c.data.passkey_rate = 0.0  # share of training windows made passkey-retrieval examples
+    c.data.passkey_weight = 1.0  # loss weight of a passkey example's five answer targets
     c.data.text_key = "text"  # feature holding the text in other TFDS datasets
     c.data.train_split = "train"  # split to train on
     c.data.eval_split = "validation"  # held-out split evaluated during training

@@ -34,20 +34,22 @@ def test_insert_is_fixed_by_seed_and_window_index_and_keeps_other_rows():
     rng = np.random.default_rng(0)
     window = rng.integers(0, 256, (6, 101)).astype(np.int32)
     indices = np.array([3, 9, 14, 2, 77, 40])
-    assert passkey.insert(window, indices, rate=0.0, seed=1) is window
-    every = passkey.insert(window, indices, rate=1.0, seed=1)
+    same, rows = passkey.insert(window, indices, rate=0.0, seed=1)
+    assert same is window and not rows.any()
+    every, rows = passkey.insert(window, indices, rate=1.0, seed=1)
+    assert rows.all()
     assert all(data.decode(row).endswith(data.decode(row)[-5:]) for row in every)
     for row in every:
         text = data.decode(row)
         key = text[-5:]
         assert key.isdigit() and f" The pass key is #{key}. " in text
-    half = passkey.insert(window, indices, rate=0.5, seed=1)
+    half, rows = passkey.insert(window, indices, rate=0.5, seed=1)
     changed = [not np.array_equal(a, b) for a, b in zip(half, window, strict=True)]
-    assert 0 < sum(changed) < len(window)
+    assert 0 < sum(changed) < len(window) and changed == list(rows)
     # The same window index gives the same row, whatever batch it is in.
-    again = passkey.insert(window[::-1], indices[::-1], rate=0.5, seed=1)
+    again, _ = passkey.insert(window[::-1], indices[::-1], rate=0.5, seed=1)
     np.testing.assert_array_equal(again[::-1], half)
-    other_seed = passkey.insert(window, indices, rate=1.0, seed=2)
+    other_seed, _ = passkey.insert(window, indices, rate=1.0, seed=2)
     assert not np.array_equal(other_seed, every)
 
 
@@ -89,10 +91,16 @@ def jax_to_np(tree):
 def test_training_batches_carry_passkeys_and_resume_exactly(data_dir):
     config = common.base_config("tiny").data
     config.data_dir, config.seq_len, config.passkey_rate = data_dir, 96, 0.5
+    config.passkey_weight = 10.0
     it = data.make_train_iterator(config, seed=0, batch_size=8)
     first = next(it)
     texts = [data.decode(row) for row in first["inputs"]]
-    assert 0 < sum(" The pass key is " in t for t in texts) < 8
+    examples = np.array([" The pass key is #" in t for t in texts])
+    assert 0 < examples.sum() < 8
+    # Only the five answer targets of the examples weigh 10; the rest 1.
+    weights = first["weights"]
+    np.testing.assert_array_equal(weights[examples, -5:], 10.0)
+    assert (weights[~examples] == 1).all() and (weights[:, :-5] == 1).all()
     np.testing.assert_array_equal(first["inputs"][:, 1:], first["targets"][:, :-1])
     state = it.get_state()
     following = next(it)
@@ -105,6 +113,7 @@ def test_training_batches_carry_passkeys_and_resume_exactly(data_dir):
     ("changes", "message"),
     [
         ({"data.passkey_rate": 1.5}, "must be a number in"),
+        ({"data.passkey_weight": 0.0}, "must be a number > 0"),
         ({"data.passkey_rate": 0.5, "data.seq_len": 32}, "needs data.seq_len >="),
         ({"data.passkey_rate": 0.5, "data.name": "digit_grids", "model.patch_dim": 16},
          "byte-level text"),

@@ -34,6 +34,7 @@
                  each document; batches add `segments` and `positions`; `packing`).
   passkey_rate:  share of training windows (byte-level text) that become passkey-
                  retrieval examples (`passkey`); 0 = none.
+  passkey_weight: loss weight of those examples' answer targets (1 = plain LM loss).
   scheme:        multimodal layout placing patches (`rope_jax.layouts.SCHEMES`); text
                  positions are the same in every scheme.
 
@@ -84,6 +85,7 @@ def default_config() -> ml_collections.ConfigDict:
             "tokenizer": "",  # "" = the data's own; bytes | train:VOCAB | file path
             "packing": "stream",  # stream | documents
             "passkey_rate": 0.0,  # share of training windows that are passkey examples
+            "passkey_weight": 1.0,  # loss weight of their answer targets
         }
     )
 

@@ -37,13 +37,13 @@ class Windows:
 
     With `shard=(index, count)` the indices are a global batch for `count` processes and
     this process keeps its contiguous block of B rows, number `index`. With
-    `passkey=(rate, seed)` a row becomes a passkey example with probability rate
-    (`passkey.insert`, training only).
+    `passkey=(rate, seed, weight)` a row becomes a passkey example with probability rate,
+    its answer targets weighted `weight` (`passkey.insert`, training only).
     """
 
     def __init__(self, tokens: np.ndarray, seq_len: int, shard: tuple[int, int] = (0, 1), *,
                  packing_mode: str = "stream", target_bytes: bool = False,
-                 passkey: tuple[float, int] = (0.0, 0)):  # fmt: skip
+                 passkey: tuple[float, int, float] = (0.0, 0, 1.0)):  # fmt: skip
         self.tokens = tokens
         self.seq_len = seq_len
         self.shard = shard
@@ -57,13 +57,17 @@ class Windows:
         pos = indices[:, None] * t + np.arange(t + 1)[None, :]  # [B, T+1]
         valid = pos < n
         window = np.where(valid, self.tokens[np.minimum(pos, n - 1)], PAD_ID).astype(np.int32)
-        if self.passkey[0] > 0:  # training windows: always whole (valid everywhere)
-            window = passkey.insert(window, indices, rate=self.passkey[0], seed=self.passkey[1])
+        rate, seed, weight = self.passkey
+        examples = None
+        if rate > 0:  # training windows: always whole (valid everywhere)
+            window, examples = passkey.insert(window, indices, rate=rate, seed=seed)
         batch = {
             "inputs": np.ascontiguousarray(window[:, :-1]),
             "targets": np.ascontiguousarray(window[:, 1:]),
             "weights": valid[:, 1:].astype(np.float32),
         }
+        if examples is not None and weight != 1:
+            batch["weights"][examples, -passkey.DIGITS :] = weight
         if self.packing_mode == "documents":
             batch.update(packing.from_stream(batch["inputs"], valid[:, :-1], EOS_ID))
         if self.target_bytes:
@@ -82,7 +86,8 @@ def text_train_iterator(data_config, *, seed: int, batch_size: int, shard: tuple
             f"fewer than data.seq_len + 1 = {seq_len + 1}"
         )
     windows = Windows(tokens, seq_len, shard, packing_mode=packing.mode(data_config),
-                      passkey=(passkey.rate(data_config), seed))  # fmt: skip
+                      passkey=(passkey.rate(data_config), seed,
+                               passkey.weight(data_config)))  # fmt: skip
     return shuffled_batches(num_windows, windows, seed=seed, batch_size=batch_size, shard=shard)
 
 

@@ -112,6 +112,8 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--finetune_lr", type=float, default=1e-3)
     p.add_argument("--passkey_rate", type=float, default=0.5,
                    help="data.passkey_rate of every run (unless --set sets it)")  # fmt: skip
+    p.add_argument("--passkey_weight", type=float, default=10.0,
+                   help="data.passkey_weight of every run (unless --set sets it)")  # fmt: skip
     p.add_argument("--passkey", type=int, default=100, help="passkey examples per length")
     p.add_argument("--num_batches", type=int, default=8, help="eval batches per length")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -138,7 +140,7 @@ def make_plan(args) -> tuple[list[Case], dict]:
         raise plan.SweepError(f"--factor={args.factor} must be > 1")
     path, _, arg = args.config.partition(":")
     _, base, _ = plan.load_rows(path, arg)
-    sets = {"data.passkey_rate": args.passkey_rate}
+    sets = {"data.passkey_rate": args.passkey_rate, "data.passkey_weight": args.passkey_weight}
     fields, types = plan.leaves(base), plan.field_types(base)
     for key, text in plan.split_sets(args.set):
         try:
@@ -320,13 +322,14 @@ def render_markdown(result: dict, command: str = "") -> str:
     lines += [
         f"Trained at T = {t} ({s.get('model.num_layers')} layers, D = {s.get('model.embed_dim')}, "
         f"{s.get('train.num_steps')} steps, {s.get('data.name')}, passkey rate "
-        f"{result['sets'].get('data.passkey_rate')}); evaluated at {', '.join(map(str, lengths))} "
-        f"as trained and after {result['finetune_steps']} fine-tuning steps at "
-        f"{result['finetune_len']} (lr {result['finetune_lr']}) under the same rule. Scaling "
-        f"factor {result['factor']:g} from L0 = T. Loss: held-out nats/token over "
-        f"{result['num_batches']} batches per length; passkey: exact-match retrieval of "
-        f"{result['passkey_examples']} five-digit keys per length. Mean ± std over "
-        f"{result['seeds']} seed(s).",
+        f"{result['sets'].get('data.passkey_rate')}, answer weight "
+        f"{result['sets'].get('data.passkey_weight')}); evaluated at "
+        f"{', '.join(map(str, lengths))} as trained and after {result['finetune_steps']} "
+        f"fine-tuning steps at {result['finetune_len']} (lr {result['finetune_lr']}) under the "
+        f"same rule. Scaling factor {result['factor']:g} from L0 = T. Loss: held-out "
+        f"nats/token over {result['num_batches']} batches per length; passkey: exact-match "
+        f"retrieval of {result['passkey_examples']} five-digit keys per length. Mean ± std "
+        f"over {result['seeds']} seed(s).",
         "",
         "| row | rule | fine-tuned | "
         + " | ".join(f"loss @{n}" for n in lengths)
