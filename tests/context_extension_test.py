@@ -75,7 +75,7 @@ def _result(losses: dict, keys: dict | None = None) -> dict:
         cell["loss"] = {
             str(n): [v, 0.01] for n, v in zip((10, 20, 40, 80), row_losses, strict=True)
         }
-        cell["passkey"] = {
+        cell["passkey"] = cell["digits"] = {
             str(n): [v, 0.01] for n, v in (keys or {}).get((rule, finetuned), {}).items()
         }
         cells.append(cell)
@@ -90,7 +90,7 @@ def test_verdicts_say_which_claims_hold_and_skip_what_was_not_run():
     lines = ce.verdicts(result)
     assert any("does not extrapolate" in v and "**holds**" in v for v in lines)
     assert any("needs fine-tuning, then works" in v and "**holds**" in v for v in lines)
-    assert any("passkey retrieval at 40" in v and "linear" in v and "**holds**" in v for v in lines)
+    assert any("passkey digits at 40" in v and "linear" in v and "**holds**" in v for v in lines)
     assert not any("YaRN" in v or "NoPE" in v for v in lines)  # not run: no verdict
     flat = _result({("none", False): [1.0, 0.9, 2.0, 2.5]})
     assert "**does not hold**" in ce.verdicts(flat)[0]
@@ -113,7 +113,8 @@ def test_a_real_experiment_trains_fine_tunes_evaluates_and_resumes(tmp_path):
     assert set(cells) == {("qk", r, f) for r in ("none", "yarn") for f in (False, True)}
     for cell in cells.values():
         assert set(cell["loss"]) == set(cell["passkey"]) == {"72", "144", "288", "576"}
-        assert all(0 <= v[0] <= 1 for v in cell["passkey"].values())
+        assert set(cell["digits"]) == set(cell["loss"])
+        assert all(0 <= v[0] <= 1 for m in ("passkey", "digits") for v in cell[m].values())
     # The yarn evaluation of the base run was made under yarn; as trained it was not.
     base = tmp_path / "runs" / "qk" / "seed_0" / "base"
     yarn = json.loads((base / "eval_4_yarn.json").read_text())

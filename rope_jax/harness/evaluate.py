@@ -155,8 +155,7 @@ def evaluate_checkpoint(
 
     `rope_scaling` (a dict of rope_parameters keys) evaluates under another context-
     scaling rule than training used; `max_position_embeddings` likewise.
-    `passkey_examples` > 0 adds passkey-retrieval accuracy at every length
-    (`passkey_accuracy`).
+    `passkey_examples` > 0 adds passkey retrieval at every length (`passkey_accuracy`).
 
     The file (`eval_path`) also records the settings; the returned dict is the same
     without them.
@@ -221,9 +220,10 @@ def check_passkey(config, seq_lens, num_examples) -> None:
 
 def passkey_accuracy(run: setup.Setup, params, config, *, split: str, seq_len: int,
                      num_examples: int) -> dict:  # fmt: skip
-    """Exact-match passkey retrieval at window length `seq_len`: `num_examples` keys hidden
-    at evenly spread depths of `split`'s text (`data.passkey`); every process scores the
-    same examples (its own rows of each global batch)."""
+    """Passkey retrieval at window length `seq_len`: `num_examples` keys hidden at evenly
+    spread depths of `split`'s text (`data.passkey`). passkey_accuracy: every digit of
+    the key right (exact match); passkey_digit_accuracy: the share of digits right (chance
+    0.1). Every process scores the same examples (its own rows of each global batch)."""
     filler = sources.token_stream(config.data, split)
     batch_size, index, count = config.eval.batch_size, jax.process_index(), jax.process_count()
     local = batch_size // count
@@ -234,7 +234,8 @@ def passkey_accuracy(run: setup.Setup, params, config, *, split: str, seq_len: i
                    in_shardings=(run.shardings["params"], run.batch_sharding))  # fmt: skip
     with sharding.use_mesh(run.mesh, run.rules):
         out = metrics.evaluate(step, params, placed, ("passkey",))
-    return {"passkey_accuracy": out["answer_accuracy"], "passkey_examples": out["questions"]}
+    return {"passkey_accuracy": out["answer_accuracy"], "passkey_examples": out["questions"],
+            "passkey_digit_accuracy": out["accuracy"]}  # fmt: skip
 
 
 def without_corpus(config):
