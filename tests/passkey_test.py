@@ -126,3 +126,19 @@ def test_bad_passkey_settings_are_one_line_errors(changes, message):
     with pytest.raises(ValueError, match=message) as e:
         checks.check_config(config)
     assert "\n" not in str(e.value)
+
+
+def test_passkey_evaluation_refuses_what_it_cannot_score():
+    from configs import multimodal
+    from rope_jax.harness.evaluate import check_passkey
+
+    text = common.base_config("tiny")
+    check_passkey(text, [128, 1024], 10)  # fine
+    for config, lens, n, message in (
+        (text, [64], 10, "needs at least 70 tokens, got 64"),
+        (text, [128], -1, "must be a number of examples"),
+        (multimodal.get_config(), [128], 10, "needs byte-level text"),
+    ):
+        with pytest.raises(ValueError, match=message) as e:
+            check_passkey(config, lens, n)
+        assert "\n" not in str(e.value)

@@ -31,6 +31,8 @@ from tests import slurm_helpers
 from tests.slurm_helpers import ROOT, final_params, run_env
 
 cluster = slurm_helpers.cluster  # the module-scoped fixture: the local cluster, or a skip
+# One test worker runs both SLURM modules, one after the other: they share the cluster.
+pytestmark = pytest.mark.xdist_group("slurm")
 SET = ("train.num_steps=20,data.seq_len=32,data.global_batch_size=8,eval.batch_size=8,"
        "eval.num_batches=2,train.log_every_steps=5,train.ckpt_every_steps=10,"
        "model.num_layers=1,model.embed_dim=32,model.num_heads=2,model.num_kv_heads=1,"

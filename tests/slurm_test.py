@@ -39,6 +39,8 @@ from tests import slurm_helpers
 from tests.slurm_helpers import JOB_NAME, ROOT, XLA_FLAGS, final_params, run_env
 
 cluster = slurm_helpers.cluster  # the module-scoped fixture: the local cluster, or a skip
+# One test worker runs both SLURM modules, one after the other: they share the cluster.
+pytestmark = pytest.mark.xdist_group("slurm")
 NUM_STEPS, CKPT_EVERY = 12, 4
 SLURM_JOB = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "node[01-02]", "SLURM_NTASKS": "2",
              "SLURM_PROCID": "1", "SLURM_LOCALID": "0"}  # fmt: skip
