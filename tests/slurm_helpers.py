@@ -1,10 +1,10 @@
 """What the tests on the local SLURM cluster share: the cluster fixture, the run
 environment, a final checkpoint's parameters.
 
-  from tests.slurm_helpers import cluster  # noqa: F401  (a module-scoped fixture)
+  from tests.slurm_helpers import cluster  # noqa: F401  (a session-scoped fixture)
 
-`cluster` starts the single-node cluster of `scripts/local_slurm.sh` for the module
-(and stops it after, unless it was running before); the module's tests are skipped,
+`cluster` starts the single-node cluster of `scripts/local_slurm.sh` once for the session
+(and stops it at the end, unless it was running before); the modules' tests are skipped,
 with the reason, where it cannot start (not root, no apt-get, a daemon fails).
 """
 
@@ -30,10 +30,11 @@ def has(program: str) -> bool:
                for d in os.environ.get("PATH", "").split(os.pathsep))  # fmt: skip
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster():
-    """The local cluster, started for this module (and stopped after it, unless it was
-    running before); the module is skipped, with the reason, where it cannot start."""
+    """The local cluster, started once for the test session's SLURM modules (and stopped
+    at its end, unless it was running before; one worker runs them all: their
+    xdist_group); the tests are skipped, with the reason, where it cannot start."""
     if os.geteuid() != 0:
         pytest.skip("local SLURM cluster needs root (it installs packages, starts daemons)")
     was_up = has("sinfo") and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0

@@ -30,7 +30,7 @@ from rope_jax.experiments import launch, plan, slurm, sweep
 from tests import slurm_helpers
 from tests.slurm_helpers import ROOT, final_params, run_env
 
-cluster = slurm_helpers.cluster  # the module-scoped fixture: the local cluster, or a skip
+cluster = slurm_helpers.cluster  # the session-scoped fixture: the local cluster, or a skip
 # One test worker runs both SLURM modules, one after the other: they share the cluster.
 pytestmark = pytest.mark.xdist_group("slurm")
 SET = ("train.num_steps=20,data.seq_len=32,data.global_batch_size=8,eval.batch_size=8,"

@@ -38,7 +38,7 @@ from rope_jax.harness import distributed, metrics
 from tests import slurm_helpers
 from tests.slurm_helpers import JOB_NAME, ROOT, XLA_FLAGS, final_params, run_env
 
-cluster = slurm_helpers.cluster  # the module-scoped fixture: the local cluster, or a skip
+cluster = slurm_helpers.cluster  # the session-scoped fixture: the local cluster, or a skip
 # One test worker runs both SLURM modules, one after the other: they share the cluster.
 pytestmark = pytest.mark.xdist_group("slurm")
 NUM_STEPS, CKPT_EVERY = 12, 4

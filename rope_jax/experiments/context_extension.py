@@ -436,7 +436,7 @@ def plot(result: dict, path: str) -> None:
                     continue
                 xs = [n for n in lengths if str(n) in cell[metric]]
                 ys = [cell[metric][str(n)][0] for n in xs]
-                err = [cell[metric][str(n)][1] for n in xs]
+                err = [cell[metric][str(n)][1] or 0.0 for n in xs]  # one seed: no bar
                 style = "-" if row == "qk" else "--"
                 ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, linestyle=style,
                             label=f"{row} {rule}")  # fmt: skip

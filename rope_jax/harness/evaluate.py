@@ -171,8 +171,9 @@ def evaluate_checkpoint(
     num_batches = config.eval.num_batches if num_batches is None else num_batches
     settings = {"seq_lens": seq_lens, "split": split, "splits": splits,
                 "num_batches": num_batches, "rope_scaling": rope_scaling,
-                "max_position_embeddings": max_position_embeddings,
-                "passkey_examples": passkey_examples}  # fmt: skip
+                "max_position_embeddings": max_position_embeddings}  # fmt: skip
+    if passkey_examples:  # absent when 0, as in files made before passkeys existed
+        settings["passkey_examples"] = passkey_examples
     eval_path(workdir, 0, tag)  # a bad tag fails now
     if passkey_examples:
         check_passkey(config, seq_lens, passkey_examples)
