@@ -187,7 +187,8 @@ def make_plan(args) -> tuple[list[Case], dict]:
             "finetune_lr": args.finetune_lr, "passkey_examples": args.passkey,
             "num_batches": args.num_batches,
             "sets": {k: plan.flag_value(v) for k, v in sets.items()},
-            "settings": {k: v for k, v in plan.leaves(base).items() if k in plan.SETTINGS}}  # fmt: skip
+            "settings": {k: v for k, v in plan.leaves(base).items()
+                         if k in plan.SETTINGS}}  # fmt: skip
     return cases, meta
 
 
