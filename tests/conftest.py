@@ -1,4 +1,5 @@
-"""Shared fixtures: one offline TFDS data dir per session with every shipped dataset.
+"""Shared fixtures: one offline TFDS data dir per session with every shipped dataset; the
+local SLURM cluster of the multi-process tests.
 
 Tests marked `slow` (end-to-end training, subprocesses, sweeps) are left out of the
 quick loop: `python -m pytest -m "not slow"`. So are the cases of a parametrized test
@@ -7,11 +8,14 @@ past its first QUICK_CASES: the quick loop runs every test, the full suite every
 
 import collections
 import contextlib
+import os
 import socket
+import subprocess
 
 import pytest
 
 from rope_jax import data
+from tests.slurm_helpers import JOB_NAME, ROOT
 
 QUICK_CASES = 2
 
@@ -65,3 +69,38 @@ def data_dir(tmp_path_factory):
             config.name = name
             data.ensure_built(config)
     return path
+
+
+def _has(program: str) -> bool:
+    return any(os.access(os.path.join(d, program), os.X_OK)
+               for d in os.environ.get("PATH", "").split(os.pathsep))  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def cluster(request):
+    """The single-node cluster of `scripts/local_slurm.sh`, started once for the session
+    (and stopped at its end, unless it was running before); their tests are skipped, with
+    the reason, where it cannot start (not root, no apt-get, a daemon fails).
+
+    Under `--dist loadgroup` the SLURM modules share one worker (their xdist_group, which
+    pytest-xdist marks by renaming each test `...@slurm`); a pytest release that ignores
+    the renaming spreads them over workers that share, and stop, one cluster, so that
+    fails here rather than as busy nodes and lost jobs."""
+    if getattr(request.config.option, "loadgroup", False):
+        loose = [i.nodeid for i in request.session.items
+                 if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]  # fmt: skip
+        if loose:
+            pytest.fail(f"pytest-xdist did not group {loose[0]} (--dist loadgroup): use the "
+                        "pytest pinned in requirements.txt", pytrace=False)  # fmt: skip
+    if os.geteuid() != 0:
+        pytest.skip("local SLURM cluster needs root (it installs packages, starts daemons)")
+    was_up = _has("sinfo") and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0
+    script = os.path.join(ROOT, "scripts", "local_slurm.sh")
+    proc = subprocess.run(["bash", script, "up"], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        reason = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        pytest.skip(f"local SLURM cluster did not start: {reason}")
+    yield proc.stdout.strip()
+    subprocess.run(["scancel", f"--name={JOB_NAME}"], capture_output=True)
+    if not was_up:
+        subprocess.run(["bash", script, "down"], capture_output=True)

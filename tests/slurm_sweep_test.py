@@ -27,10 +27,8 @@ import numpy as np
 import pytest
 
 from rope_jax.experiments import launch, plan, slurm, sweep
-from tests import slurm_helpers
-from tests.slurm_helpers import ROOT, final_params, run_env
+from tests.slurm_helpers import ROOT, final_params, run_env, wait_for_idle_node
 
-cluster = slurm_helpers.cluster  # the session-scoped fixture: the local cluster, or a skip
 # One test worker runs both SLURM modules, one after the other: they share the cluster.
 pytestmark = pytest.mark.xdist_group("slurm")
 SET = ("train.num_steps=20,data.seq_len=32,data.global_batch_size=8,eval.batch_size=8,"
@@ -312,6 +310,7 @@ def slurm_sweep(cluster, data_dir, tmp_path_factory):
     for about 2 minutes before it may start again, which is skipped here
     (`scontrol update StartTime=now`). Returns the workdir, the sweep's output, the
     interrupted job id."""
+    wait_for_idle_node()
     base = tmp_path_factory.mktemp("slurm")
     workdir, out_path = base / "runs", base / "sweep.out"
     cmd = [sys.executable, "-m", "rope_jax.experiments.sweep", *sweep_argv(workdir, data_dir),

@@ -35,10 +35,8 @@ import numpy as np
 import pytest
 
 from rope_jax.harness import distributed, metrics
-from tests import slurm_helpers
-from tests.slurm_helpers import JOB_NAME, ROOT, XLA_FLAGS, final_params, run_env
+from tests.slurm_helpers import JOB_NAME, ROOT, XLA_FLAGS, final_params, run_env, wait_for_idle_node
 
-cluster = slurm_helpers.cluster  # the session-scoped fixture: the local cluster, or a skip
 # One test worker runs both SLURM modules, one after the other: they share the cluster.
 pytestmark = pytest.mark.xdist_group("slurm")
 NUM_STEPS, CKPT_EVERY = 12, 4
@@ -70,8 +68,9 @@ def train_flags(data_dir: str, workdir: str) -> list[str]:
 
 
 def srun(tasks: int = 2) -> list[str]:
-    """srun of `tasks` tasks of one CPU each; the whole step ends when one task fails
-    (-K), and it gives up when the node stays busy for a minute (-I60)."""
+    """srun of `tasks` tasks of one CPU each, once the node is idle; the whole step ends
+    when one task fails (-K), and it gives up when the node stays busy for a minute (-I60)."""
+    wait_for_idle_node()
     return ["srun", f"--ntasks={tasks}", "--cpus-per-task=1", "--kill-on-bad-exit=1",
             "--immediate=60", f"--job-name={JOB_NAME}"]  # fmt: skip
 
