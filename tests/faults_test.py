@@ -32,6 +32,9 @@ from rope_jax.harness import checkpoint, metrics
 from rope_jax.harness import workdir as workdir_lib
 from tests.train_test import tiny
 
+# One test worker runs the module (its tests share module-scoped training runs, built once).
+pytestmark = pytest.mark.xdist_group("faults")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST_XLA = "--xla_backend_optimization_level=0"  # compiles in half the time
 ABSL_LOG_LINE = re.compile(r"^[IWEF]\d{4} |^(INFO|WARNING|ERROR):absl:")

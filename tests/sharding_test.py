@@ -25,6 +25,9 @@ from jax.sharding import PartitionSpec as P
 from rope_jax import sharding
 from rope_jax.nn import model as model_lib
 
+# One test worker runs the module (its tests share module-scoped models on 8 devices, built once).
+pytestmark = pytest.mark.xdist_group("sharding")
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # A tiny 3-axis VO-RoPE decoder; vocab 19 is not divisible by tensor=2 (stays replicated).

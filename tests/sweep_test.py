@@ -17,6 +17,9 @@ from configs import common
 from rope_jax.experiments import plan, sweep
 from rope_jax.experiments import report as report_lib
 
+# One test worker runs the module (its tests share one module-scoped sweep, built once).
+pytestmark = pytest.mark.xdist_group("sweep")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ("model.num_layers=1,model.embed_dim=32,model.num_heads=2,model.num_kv_heads=1,"
         "model.head_dim=16,model.mlp_dim=64,data.seq_len=32,data.global_batch_size=8,"
