@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 from configs import lm
+from rope_jax import learned
 from rope_jax.harness import cost
 from rope_jax.nn import model
 
@@ -58,16 +59,26 @@ def test_num_tokens_overrides_steps_times_batch_times_seq_len():
 TIED = {"model.attention.kv": "tied", "model.rope.sites": "qkvo"}
 
 
-@pytest.mark.parametrize("overrides", [{}, TIED, {"model.patch_dim": 64}])
-def test_matmul_params_are_the_models_matrices_but_the_embedding(overrides):
+LEARNED = {"model.rope.learned": "commuting", "model.rope.nope_every": 2}
+
+
+@pytest.mark.parametrize("overrides, num_axes", [
+    ({}, 1), (TIED, 1), ({"model.patch_dim": 64}, 1), ({"model.rope.learned": "freqs"}, 3),
+    (LEARNED, 1),
+])  # fmt: skip
+def test_matmul_params_are_the_models_matrices_but_the_embedding(overrides, num_axes):
     config = lm.get_config("size=tiny")
     config.update_from_flattened_dict(overrides)
-    net = nnx.eval_shape(lambda: model.Decoder(config.model, rngs=nnx.Rngs(0)))
+    decoder = lambda: model.Decoder(config.model, num_axes=num_axes, rngs=nnx.Rngs(0))
+    net = nnx.eval_shape(decoder)
     params = nnx.to_flat_state(nnx.state(net, nnx.Param))
     shapes = {path: v.get_value().shape for path, v in params}
-    matrices = sum(math.prod(s) for path, s in shapes.items() if len(s) >= 2 and path != ("embed",))
+    rotation = {path for path in shapes if path[-1] in learned.PARAM_NAMES}
+    matrices = sum(math.prod(s) for path, s in shapes.items()
+                   if len(s) >= 2 and path != ("embed",) and path not in rotation)  # fmt: skip
+    assert bool(rotation) == (config.model.rope.learned != "none")
     assert cost.matmul_params(config.model) == matrices
-    assert cost.num_params(config.model) == sum(math.prod(s) for s in shapes.values())
+    assert cost.num_params(config.model, num_axes) == sum(math.prod(s) for s in shapes.values())
 
 
 def test_wall_time_arithmetic():

@@ -31,6 +31,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 
+from rope_jax import data, learned
 from rope_jax.nn import model
 
 # Dense bfloat16 peak per device (no sparsity), FLOP/s.
@@ -63,10 +64,25 @@ def matmul_params(model_cfg) -> int:
     return block_matmul_params(m) + m.embed_dim * m.vocab_size + _patch_dim(m) * m.embed_dim
 
 
-def num_params(model_cfg) -> int:
-    """All parameters: `matmul_params` + the embedding table V*D + 2L + 1 norm scales of D."""
+def rotation_params(model_cfg, num_axes: int = 1) -> int:
+    """Learned-rotation parameters (`rope.learned`), per layer that rotates: frequencies
+    K*(H/2)*A, and with `commuting` the basis generator H*H; 0 for the fixed rotation."""
     m = model_cfg
-    return matmul_params(m) + m.vocab_size * m.embed_dim + (2 * m.num_layers + 1) * m.embed_dim
+    trained = learned.KINDS[model.learned_kind(m)]
+    if not trained or not m.rope.sites:
+        return 0
+    rotating = sum(spec is not None for spec in model.layer_rotations(m, num_axes))
+    per_layer = m.num_kv_heads * (m.head_dim // 2) * num_axes if "rope_freqs" in trained else 0
+    per_layer += m.head_dim**2 if "rope_basis" in trained else 0
+    return rotating * per_layer
+
+
+def num_params(model_cfg, num_axes: int = 1) -> int:
+    """All parameters: `matmul_params` + the embedding table V*D + 2L + 1 norm scales of D
+    + `rotation_params` (A position axes: 1 for text)."""
+    m = model_cfg
+    return (matmul_params(m) + m.vocab_size * m.embed_dim + (2 * m.num_layers + 1) * m.embed_dim
+            + rotation_params(m, num_axes))  # fmt: skip
 
 
 def attention_flops_per_token(model_cfg, seq_len: int) -> int:
@@ -168,16 +184,17 @@ def summary_lines(config) -> list[str]:
     """Parameters, FLOPs per token (both terms), token budget and steps, FLOPs per run."""
     m, per_token, budget = config.model, flops_per_token(config), token_budget(config)
     p, attention = matmul_params(m), attention_flops_per_token(m, config.data.seq_len)
+    n = num_params(m, data.kind(config.data).num_axes)
     source = "train.num_tokens" if config.train.get("num_tokens", 0) else "steps x B x T"
     b, t = config.data.global_batch_size, config.data.seq_len
     lines = [
-        f"parameters {num_params(m):,}; in matmuls (P) {p:,}",
+        f"parameters {n:,}; in matmuls (P) {p:,}",
         f"model FLOPs/token = 6P + 12*L*T*N*H = {sci(6 * p)} + {sci(attention)} = "
         f"{sci(per_token)} (attention {attention / per_token:.1%}; full T x T, no causal "
         "discount, as PaLM/MaxText MFU)",
         f"tokens {sci(budget)} ({source}) = {steps_for_budget(config):,} steps of "
         f"{tokens_per_step(config):,} tokens ({b} x {t}); "
-        f"{budget / num_params(m):.1f} tokens per parameter",
+        f"{budget / n:.1f} tokens per parameter",
         f"model FLOPs per run {sci(total_flops(config))}",
     ]
     remat = remat_flops_per_token(config)
@@ -291,7 +308,7 @@ def render(argv: Sequence[str]) -> list[str]:
         config.model.vocab_size = args.vocab_size
     budgets = [int(float(x)) for x in args.num_tokens.split(",") if x.strip()] or [0]
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
-    params = num_params(config.model)
+    params = num_params(config.model, data.kind(config.data).num_axes)
     lines = [
         f"# Cost plan: `{args.config}`",
         "",
