@@ -16,6 +16,7 @@ from ml_collections.config_flags import tuple_parser
 from configs import common
 from rope_jax.experiments import plan, sweep
 from rope_jax.experiments import report as report_lib
+from rope_jax.harness import workdir as workdir_lib
 
 # One test worker runs the module (its tests share one module-scoped sweep, built once).
 pytestmark = pytest.mark.xdist_group("sweep")
@@ -208,6 +209,17 @@ def test_bad_requests_fail_with_one_line_before_running_anything(tmp_path, capsy
     assert message and message.startswith("error: ") and "\n" not in message, message
     assert match in message, message
     assert not workdir.exists() and "[1/" not in out and seconds < 10
+
+
+def test_a_second_sweep_on_a_workdir_in_use_stops_at_once_naming_the_first(tmp_path, capsys):
+    workdir = tmp_path / "runs"
+    argv = ["--config=configs/lm.py:size=tiny", f"--workdir={workdir}", "--rows=qk", "--set", TINY]
+    with workdir_lib.Lock(str(workdir)):  # the first sweep, still running
+        message, out, _, seconds = _main(argv, capsys)
+        assert message and message.startswith("error: workdir ") and "\n" not in message
+        assert "in use by another sweep" in message and f"pid {os.getpid()}" in message
+        assert "[1/" not in out and seconds < 10
+    assert not workdir.exists()  # nothing started; the lock's file and empty dir are gone
 
 
 @pytest.mark.slow

@@ -18,7 +18,8 @@ With --launcher=slurm (--nodes, --tasks_per_node, --gpus_per_task, --partition, 
 <workdir>/<row>/seed_<k>/job.sbatch (`rope_jax.experiments.slurm`, docs/cluster.md).
 The command submits and returns; --status prints every job's state, --wait waits for
 them; the same command again resubmits ended unfinished runs and writes the table
-once every run is done.
+once every run is done. One sweep at a time holds a workdir: a second one on it stops
+at once with one line naming the first (host, PID, start time).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from rope_jax.experiments import slurm
 from rope_jax.experiments.launch import run_all
 from rope_jax.experiments.plan import SweepError, format_command, plan, status
 from rope_jax.experiments.report import write_report
+from rope_jax.harness import workdir as workdir_lib
 
 
 def plan_of(rows: dict, seeds, settings: dict) -> dict:
@@ -123,6 +125,18 @@ def sweep(runs, context: dict, args, argv) -> None:
     results = args.results or os.path.join(args.workdir, "results")
     if not args.overwrite:
         check_results(results, runs, context)  # before any run: nothing is lost
+    try:
+        lock = workdir_lib.Lock(args.workdir)  # one sweep (or submission) per workdir
+        lock.acquire()
+    except workdir_lib.WorkdirError as e:
+        raise SweepError(str(e).replace("another run", "another sweep")) from None
+    try:
+        _run_and_report(runs, context, args, argv, results)
+    finally:
+        lock.release()
+
+
+def _run_and_report(runs, context: dict, args, argv, results: str) -> None:
     if args.launcher == "slurm":
         if not slurm.run_all(runs, args, format_command(argv)):
             return  # jobs still queued or running
