@@ -217,7 +217,7 @@ def test_a_second_sweep_on_a_workdir_in_use_stops_at_once_naming_the_first(tmp_p
     with workdir_lib.Lock(str(workdir)):  # the first sweep, still running
         message, out, _, seconds = _main(argv, capsys)
         assert message and message.startswith("error: workdir ") and "\n" not in message
-        assert "in use by another sweep" in message and f"pid {os.getpid()}" in message
+        assert "is in use by another run" in message and f"pid {os.getpid()}" in message
         assert "[1/" not in out and seconds < 10
     assert not workdir.exists()  # nothing started; the lock's file and empty dir are gone
 

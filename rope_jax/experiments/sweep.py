@@ -125,11 +125,11 @@ def sweep(runs, context: dict, args, argv) -> None:
     results = args.results or os.path.join(args.workdir, "results")
     if not args.overwrite:
         check_results(results, runs, context)  # before any run: nothing is lost
+    lock = workdir_lib.Lock(args.workdir)  # one sweep (or submission) per workdir
     try:
-        lock = workdir_lib.Lock(args.workdir)  # one sweep (or submission) per workdir
         lock.acquire()
     except workdir_lib.WorkdirError as e:
-        raise SweepError(str(e).replace("another run", "another sweep")) from None
+        raise SweepError(str(e)) from None
     try:
         _run_and_report(runs, context, args, argv, results)
     finally:

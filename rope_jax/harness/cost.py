@@ -69,7 +69,7 @@ def rotation_params(model_cfg, num_axes: int = 1) -> int:
     K*(H/2)*A, and with `commuting` the basis generator H*H; 0 for the fixed rotation."""
     m = model_cfg
     trained = learned.KINDS[model.learned_kind(m)]
-    if not trained or not m.rope.sites:
+    if not trained:
         return 0
     rotating = sum(spec is not None for spec in model.layer_rotations(m, num_axes))
     per_layer = m.num_kv_heads * (m.head_dim // 2) * num_axes if "rope_freqs" in trained else 0
