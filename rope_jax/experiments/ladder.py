@@ -121,7 +121,7 @@ def plot(rungs: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
     x = np.arange(len(rungs))
     taus = [g["tau"] for g in rungs]
     lows = [
@@ -141,7 +141,7 @@ def plot(rungs: list[dict], path: str) -> None:
     right.set(xticks=x, ylabel="rank at T (1 = best)", title="rank of each row")
     right.set_xticklabels([g["label"] for g in rungs], rotation=15, fontsize=8)
     right.invert_yaxis()
-    right.legend(fontsize=7, ncol=3)
+    right.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # off the lines
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
