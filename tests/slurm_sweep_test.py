@@ -308,7 +308,9 @@ def slurm_sweep(cluster, data_dir, tmp_path_factory):
     """`--launcher=slurm --wait`, 2 tasks (1 CPU device each) per job; the qk job gets
     SIGTERM once it logged step 5, saves, requeues itself; SLURM holds a requeued job
     for about 2 minutes before it may start again, which is skipped here
-    (`scontrol update StartTime=now`). Returns the workdir, the sweep's output, the
+    (`scontrol update StartTime=now+3`: not within the second of the requeue, when the
+    node still refuses the job's new credential, "Job credential revoked", and the
+    start fails). Returns the workdir, the sweep's output, the
     interrupted job id."""
     wait_for_idle_node()
     base = tmp_path_factory.mktemp("slurm")
@@ -324,7 +326,7 @@ def slurm_sweep(cluster, data_dir, tmp_path_factory):
         wait_until("step 5 of qk", lambda: "step 5/20" in read(log), proc)
         subprocess.run(["scancel", "--signal=TERM", job_id], check=True)
         wait_until("qk requeued", lambda: squeue_state(job_id) == "PENDING", proc)
-        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now+3"], check=True)
         proc.wait(timeout=300)
     finally:
         if proc.poll() is None:

@@ -81,9 +81,12 @@ def run(command: list[str], env: dict, timeout: float = 240) -> subprocess.Compl
 
 
 def gloo_free(text: str) -> str:
-    """`text` without gloo's "[Gloo] Rank i is connected to ..." lines (CPU collectives
-    print them on stdout, from every process)."""
-    return "\n".join(line for line in text.splitlines() if not line.startswith("[Gloo]"))
+    """`text` without gloo's "[Gloo] Rank i is connected to j peer ranks. Expected number
+    of connected peer ranks is : j" lines (CPU collectives print them on stdout, from
+    every process at once, so one process's line may be cut by the other's: a line
+    holding either part of the message goes)."""
+    gloo = ("[Gloo]", "connected peer ranks")
+    return "\n".join(line for line in text.splitlines() if not any(g in line for g in gloo))
 
 
 def losses(workdir: str) -> dict[int, float]:
