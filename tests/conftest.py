@@ -9,6 +9,7 @@ past its first QUICK_CASES: the quick loop runs every test, the full suite every
 import collections
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 
@@ -71,11 +72,6 @@ def data_dir(tmp_path_factory):
     return path
 
 
-def _has(program: str) -> bool:
-    return any(os.access(os.path.join(d, program), os.X_OK)
-               for d in os.environ.get("PATH", "").split(os.pathsep))  # fmt: skip
-
-
 @pytest.fixture(scope="session")
 def cluster(request):
     """The single-node cluster of `scripts/local_slurm.sh`, started once for the session
@@ -94,7 +90,8 @@ def cluster(request):
                         "pytest pinned in requirements.txt", pytrace=False)  # fmt: skip
     if os.geteuid() != 0:
         pytest.skip("local SLURM cluster needs root (it installs packages, starts daemons)")
-    was_up = _has("sinfo") and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0
+    sinfo = shutil.which("sinfo")
+    was_up = bool(sinfo) and subprocess.run([sinfo, "-h"], capture_output=True).returncode == 0
     script = os.path.join(ROOT, "scripts", "local_slurm.sh")
     proc = subprocess.run(["bash", script, "up"], capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
