@@ -43,6 +43,7 @@ from rope_jax import rotary, sharding
 from rope_jax.learned import KINDS, LearnedRotation, cayley, check_kind, initial_freqs
 from rope_jax.nn import kernels
 from rope_jax.nn.layers import dense_param
+from rope_jax.nn.products import dense
 from rope_jax.rotary import RopeSpec
 
 SITES = "qkvo"
@@ -321,13 +322,12 @@ class Attention(nnx.Module):
 
     def _project(self, x):
         """x [B, T, D] -> q [B, T, N, H] and k, v [B, T, K, H] (the same latent c if tied)."""
-        w = lambda p: p[...].astype(self.dtype)
-        q = jnp.einsum("BTD,DNH->BTNH", x, w(self.q_proj))
+        proj = lambda p: dense(x, p[...], dtype=self.dtype)  # [B, T, D] . [D, N|K, H]
+        q = proj(self.q_proj)
         if self.kv == "tied":
-            k = v = jnp.einsum("BSD,DKH->BSKH", x, w(self.kv_proj))
+            k = v = proj(self.kv_proj)
         else:
-            k = jnp.einsum("BSD,DKH->BSKH", x, w(self.k_proj))
-            v = jnp.einsum("BSD,DKH->BSKH", x, w(self.v_proj))
+            k, v = proj(self.k_proj), proj(self.v_proj)
         q = sharding.constrain(q, ("batch", "seq", "heads", "head_dim"))
         k = sharding.constrain(k, ("batch", "seq", "kv_heads", "head_dim"))
         return q, k, (k if self.kv == "tied" else v)
@@ -347,7 +347,11 @@ class Attention(nnx.Module):
             o = attend_tied(q, k, causal=causal, **kw)
         else:  # separate, or a tied NoPE layer (k = v = the latent, unrotated)
             o = attend(q, k, v, sites=self.sites, causal=causal, **kw)
-        return jnp.einsum("BTNH,NHD->BTD", o, self.o_proj[...].astype(self.dtype))
+        return self._out(o)
+
+    def _out(self, o):
+        """o [B, T, N, H] . o_proj [N, H, D] -> [B, T, D] in the compute dtype."""
+        return dense(o, self.o_proj[...], num_in=2, dtype=self.dtype)
 
     # ------------------------------------------------------------ decoding cache
 
@@ -407,7 +411,7 @@ class Attention(nnx.Module):
             cached=True,
             seq_len=slots,
         )
-        return jnp.einsum("BTNH,NHD->BTD", o, self.o_proj[...].astype(self.dtype)), cache
+        return self._out(o), cache
 
 
 def _rotation_param(value, names) -> nnx.Param:

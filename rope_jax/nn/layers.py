@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rope_jax import sharding
+from rope_jax.nn.products import dense
 
 
 def dense_param(rngs: nnx.Rngs, shape, names, *, fan_in: int, dtype, scale: float = 1.0):
@@ -79,10 +80,9 @@ class MLP(nnx.Module):
         self.dtype = dtype
 
     def __call__(self, x):
-        w = lambda p: p[...].astype(self.dtype)
         # One matmul for both projections (stacked on a new axis, so an "mlp"-sharded F
         # stays sharded): a single larger dot forward and backward instead of two.
-        gate_up = jnp.einsum("BTD,CDF->BTCF", x, jnp.stack([w(self.gate), w(self.up)]))
-        h = swiglu(gate_up)  # [B, T, F]
+        gate_up = dense(x, jnp.stack([self.gate[...], self.up[...]], axis=1), dtype=self.dtype)
+        h = swiglu(gate_up)  # [B, T, C, F] -> [B, T, F]
         h = sharding.constrain(h, ("batch", "seq", "mlp"))
-        return h @ w(self.down)
+        return dense(h, self.down[...], dtype=self.dtype)

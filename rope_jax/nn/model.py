@@ -40,6 +40,7 @@ from rope_jax import layouts, learned, rotary, sharding
 from rope_jax.nn import kernels
 from rope_jax.nn.attention import Attention, check_kv, check_sites
 from rope_jax.nn.layers import MLP, RMSNorm, dense_param
+from rope_jax.nn.products import dense
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # Activation rematerialisation: "block" keeps only each block's input for the backward
@@ -370,12 +371,7 @@ class Decoder(nnx.Module):
 
     def _logits(self, x) -> jax.Array:
         x = self.norm(x)
-        logits = jnp.einsum(
-            "BTD,DV->BTV",
-            x,
-            self.head[...].astype(self.dtype),
-            preferred_element_type=jnp.float32,
-        )
+        logits = dense(x, self.head[...], dtype=self.dtype, out_dtype=jnp.float32)  # [B, T, V]
         return sharding.constrain(logits, ("batch", "seq", "vocab"))
 
     # ------------------------------------------------------------ decoding cache
