@@ -8,7 +8,7 @@ synthetic batch after warm-up, then records `--steps` steps with `jax.profiler.t
 and reads the trace back (`jax.profiler.ProfileData`). Every XLA kernel in it is
 matched with the optimised HLO of the step (the kernel's name is its HLO instruction)
 to find the JAX operation it came from (its `op_name`, e.g.
-`transpose(jvp(BTD,CDF->BTCF))/dot_general` = the backward of the SwiGLU input
+`transpose(jvp(dense_384x2x1024))/dot_general` = the backward of the SwiGLU input
 projection) and, for matrix products, their FLOPs. Prints a table of kernel time per
 source operation, summed over the threads that ran it, with GFLOP/s for products.
 

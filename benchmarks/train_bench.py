@@ -11,7 +11,8 @@ In one run, for each size of `configs/common.py` (tiny, small):
   ours      rope_jax.harness.build(lm.get_config("size=S")).train_step, float32.
   peer      HF transformers LlamaForCausalLM of the same shape (vocab 259, untied head,
             sdpa attention), torch.optim.AdamW (same lr, betas, decay on matrices,
-            clip 1.0), float32, torch.set_num_threads(cores).
+            clip 1.0), float32, torch.set_num_threads(cores); and the same in bfloat16
+            compute under torch.autocast (float32 weights and optimiser state).
   variants  ours with rope.sites "" (NoPE), "qk", "qkvo" and bfloat16 compute
             (float32 parameters), compiled in one child and timed round-robin, so
             their ratios share the machine's state.
@@ -100,6 +101,7 @@ def _child(args, steps: dict) -> dict | None:
         "ours": lambda: measure_ours(args.size, ["qk"], warmup=warm, steps=timed),
         "variants": lambda: measure_ours(args.size, list(VARIANTS), warmup=warm, steps=timed),
         "peer": lambda: measure_peer(args.size, warmup=warm, steps=timed),
+        "peer_bf16": lambda: measure_peer(args.size, warmup=warm, steps=timed, dtype="bfloat16"),
         "ceiling": measure_ceiling,
         "pipeline": lambda: _pipeline(args.size, args.pipeline_steps),
         "layouts": pipeline_bench.measure_layouts,
@@ -121,8 +123,9 @@ def _run_children(sizes: list[str], steps: dict, pipeline_steps: int, has_peer: 
         common = [f"--size={size}", *step_args]
         ours = child(["--only=ours", *common])
         peer = child(["--only=peer", *common]) if has_peer else None
+        peer_bf16 = child(["--only=peer_bf16", *common]) if has_peer else None
         variants = child(["--only=variants", *common])
-        rows.append(train_report.summarize(size, ours, peer, variants, ceiling))
+        rows.append(train_report.summarize(size, ours, peer, variants, ceiling, peer_bf16))
         pipe = child(["--only=pipeline", *common, f"--pipeline_steps={pipeline_steps}"])
         if pipe:
             pipelines.append(pipe)

@@ -77,11 +77,17 @@ def _torch_batches(s: dict, device: str, num_batches: int) -> list[dict]:
     ]
 
 
-def _train_step(model, opt, batch: dict, *, vocab: int, clip: float) -> float:
-    """Forward, cross-entropy, backward, clip, AdamW step: the loss."""
+def _train_step(model, opt, batch: dict, *, vocab: int, clip: float, dtype: str) -> float:
+    """Forward, cross-entropy, backward, clip, AdamW step: the loss.
+
+    dtype "bfloat16": the forward under `torch.autocast` (bfloat16 matmuls, float32
+    master weights, optimiser state and loss), torch's mixed precision, as ours.
+    """
     import torch
 
-    logits = model(input_ids=batch["inputs"]).logits  # [B, T, V]
+    device = batch["inputs"].device.type
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+        logits = model(input_ids=batch["inputs"]).logits  # [B, T, V]
     loss = torch.nn.functional.cross_entropy(
         logits.reshape(-1, vocab).float(), batch["targets"].reshape(-1)
     )
@@ -103,8 +109,13 @@ def _time_steps(step, batches: list, *, warmup: int, steps: int) -> tuple[list, 
     return times, losses
 
 
-def measure_peer(size: str, *, warmup: int, steps: int, num_batches: int = 2) -> dict:
-    """Median step time of the peer: forward, cross-entropy, backward, clip, AdamW."""
+def measure_peer(
+    size: str, *, warmup: int, steps: int, num_batches: int = 2, dtype: str = "float32"
+) -> dict:
+    """Median step time of the peer: forward, cross-entropy, backward, clip, AdamW.
+
+    dtype: "float32", or "bfloat16" compute under autocast (`_train_step`).
+    """
     import torch
     import transformers
 
@@ -116,12 +127,14 @@ def measure_peer(size: str, *, warmup: int, steps: int, num_batches: int = 2) ->
     model.train()
     opt = _adamw(model, optim)
     batches = _torch_batches(s, device, num_batches)
-    step = lambda batch: _train_step(model, opt, batch, vocab=s["V"], clip=optim.grad_clip_norm)
+    clip = optim.grad_clip_norm
+    step = lambda batch: _train_step(model, opt, batch, vocab=s["V"], clip=clip, dtype=dtype)
     times, losses = _time_steps(step, batches, warmup=warmup, steps=steps)
     med = statistics.median(times)
     return {
         "side": "peer",
         "size": size,
+        "dtype": dtype,
         "step_s": med,
         "tokens_per_s": s["B"] * s["T"] / med,
         "first_loss": losses[0],
