@@ -2,6 +2,7 @@
 
   console.say("step 5/20  loss 5.95 ...")     # progress and results: stdout, flushed
   console.warn("checkpoint step 20 ...")      # "warning: ..." on stderr
+  console.note("wrote WD/eval_20.json")       # beside data on stdout: stderr
   console.quiet_logs()                        # absl/Orbax/TFDS INFO logs off
 
 Only process 0 of a multi-process run prints. The entry points call `quiet_logs`
@@ -33,6 +34,13 @@ def warn(message: str) -> None:
     """One `warning: ...` line on stderr (process 0 only)."""
     if jax.process_index() == 0:
         print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def note(message: str) -> None:
+    """One line on stderr (process 0 only), for a command whose stdout is data (eval.py
+    prints its JSON there): where the result went, which step it came from."""
+    if jax.process_index() == 0:
+        print(message, file=sys.stderr, flush=True)
 
 
 def say_from_signal_handler(message: str) -> None:

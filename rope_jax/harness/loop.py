@@ -257,7 +257,7 @@ class _Session:
         if self.changes:
             console.warn(f"config changed at step {step} ({'; '.join(self.changes)}); "
                          f"the previous config is kept in {kept}")  # fmt: skip
-        self.writer = metrics.MetricWriter(self.workdir)
+        self.writer = metrics.MetricWriter(self.workdir, resumed_at=step)
 
     def write(self, step: int, values: dict, prefix: str = "") -> None:
         self.writer.write(step, values, prefix=prefix)
