@@ -836,3 +836,140 @@ def test_a_restart_logs_every_step_once(data_dir, tmp_path, cache_env, trained):
     (events,) = _event_steps(workdir)  # one event file
     losses = [step for tag, step in events if tag == "loss"]
     assert losses == list(range(1, 21)), losses
+
+
+# ----------------------------------------------------------------- preparing a corpus
+
+
+def _text_corpus(path, files: int = 40, lines: int = 400) -> str:
+    """`files` .txt documents of varied English-like lines (~25 KB each)."""
+    os.makedirs(path, exist_ok=True)
+    for i in range(files):
+        with open(os.path.join(path, f"doc{i:03d}.txt"), "w") as f:
+            f.writelines(f"line {j} of document {i}: {j * 7919 % 1000} words, {i * j}\n"
+                         for j in range(lines))  # fmt: skip
+    return os.path.join(str(path), "*.txt")
+
+
+def _prepare_cmd(source, data_dir, *extra) -> list[str]:
+    return ["-m", "rope_jax.data.prepare", f"--source={source}", "--tokenizer=bytes",
+            "--name=x", f"--data_dir={data_dir}", "--shard_tokens=200000", *extra]  # fmt: skip
+
+
+def test_a_full_disk_while_preparing_is_one_line_and_the_same_command_resumes(
+    tmp_path, mounts, monkeypatch
+):
+    from rope_jax.data import prepare
+
+    source = _text_corpus(tmp_path / "corpus")  # ~1 MB of text: 5 train shards of ~100 KiB
+    disk = mounts.tmpfs_or_skip(tmp_path / "disk", 256 << 10)
+    command = _prepare_cmd(source, disk)
+    # The check before each shard: train shard 0 fits, a later one does not.
+    proc = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True)
+    line = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    out = os.path.join(disk, "x")
+    assert re.fullmatch(
+        rf"error: not enough free space in {out}: shard train-0000\d needs about [\d.]+ KiB, "
+        r"[\d.]+ KiB free \(about [\d.]+ [KM]iB still to write\); free some space or use "
+        r"another --data_dir, then run the same command again: it resumes from the shards done",
+        line,
+    ), line
+    done = sorted(f for f in os.listdir(os.path.join(out, ".staging")) if f.endswith(".json"))
+    assert "train-00000.json" in done  # the shards written before are kept
+
+    # A write that runs out of space (the check bypassed, as if the disk filled meanwhile).
+    monkeypatch.setattr(prepare.Space, "check", lambda self, split, stem: None)
+    settings = prepare.Settings(source=source, tokenizer="bytes", shard_tokens=200_000)
+    with pytest.raises(prepare.OutOfSpace) as info:
+        prepare.prepare(settings, "x", disk, progress=False)
+    message = str(info.value)
+    assert message.startswith(f"not enough free space in {out}: a write failed (No space left "
+                              "on device") and "\n" not in message, message  # fmt: skip
+    assert "the same command again: it resumes" in message
+    assert not glob.glob(os.path.join(out, ".staging", "*.tmp"))  # no half shard left
+
+    subprocess.run(["mount", "-o", "remount,size=8m", disk], check=True)  # room again
+    proc = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "resuming train:" in proc.stderr  # complete shards kept, the rest written
+    meta = json.load(open(os.path.join(out, "metadata.json")))
+    total = sum(len(open(f, "rb").read()) for f in glob.glob(source))
+    assert sum(s["bytes"] for s in meta["splits"].values()) == total
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_train_py_prepares_is_one_line(data_dir, tmp_path, mounts, cache_env):
+    disk = mounts.tmpfs_or_skip(tmp_path / "disk", 1 << 20)
+    workdir = str(tmp_path / "run")
+    rc, out, err = run_all([["train.py", "--config=configs/lm.py:size=tiny",
+                             "--config.data.tokenizer=train:500", f"--config.data.data_dir={disk}",
+                             f"--workdir={workdir}"]], cache_env)[0]  # fmt: skip
+    progress = [x for x in err.splitlines() if x.startswith("prepare: ")]  # its own lines
+    line = one_error_line(rc, out, "\n".join(x for x in err.splitlines() if x not in progress))
+    assert "Traceback" not in err and len(progress) <= 2, err
+    assert re.fullmatch(
+        rf"error: not enough free space in {disk}/prepared/shakespeare-bpe500-\w+: shard "
+        r"train-00000 needs about [\d.]+ [KM]iB, [\d.]+ KiB free \(about [\d.]+ MiB still to "
+        r"write\); free some space or use another --data_dir, then run the same command "
+        "again: it resumes from the shards done",
+        line,
+    ), line
+    assert not os.path.exists(workdir)
+
+
+def test_prepare_warns_of_binary_text_and_held_out_splits_too_small(tmp_path):
+    binary = tmp_path / "bin"
+    binary.mkdir()
+    (binary / "a.txt").write_bytes(bytes(range(256)) * 64)  # 16 KiB, half not UTF-8
+    proc = subprocess.run([sys.executable, *_prepare_cmd(binary / "*.txt", tmp_path / "out"),
+                           "--quiet"], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    warnings = proc.stderr.strip().splitlines()
+    assert warnings == [
+        f"prepare: warning: 1 file(s) are not valid UTF-8 (binary?): 8,192 invalid byte "
+        f"sequence(s) replaced by U+FFFD: {binary / 'a.txt'} (8,192)",
+        *(f"prepare: warning: the {split} split is empty: the source has 1 document(s) and a "
+          "held-out split needs 3 or more (one .txt file is one document; a .jsonl has one "
+          "per line): give more documents, or evaluate on another split"
+          for split in ("validation", "test")),
+    ]  # fmt: skip
+    # 60 short documents: 1% held out is one document each; --held_out_percent changes it.
+    small = _text_corpus(tmp_path / "small", files=60, lines=2)
+    args = _prepare_cmd(small, tmp_path / "out2", "--quiet")
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"the validation split holds a single document \([\d,]+ bytes\) of 60: "
+                     r"raise --held_out_percent \(now 1\)", proc.stderr), proc.stderr  # fmt: skip
+    proc = subprocess.run([sys.executable, *args, "--held_out_percent=10", "--name=y"],
+                          cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    meta = json.load(open(tmp_path / "out2" / "y" / "metadata.json"))
+    assert meta["splits"]["validation"]["documents"] > 1 and meta["splits"]["test"]["documents"] > 1
+
+
+# ------------------------------------------------------------------ the command line, more
+
+
+def test_settings_that_would_be_ignored_or_misread_are_one_line(tmp_path, cache_env):
+    never = str(tmp_path / "never")
+    cases = {
+        "sections": ["train.py", "--config=configs/lm.py:size=tiny", f"--workdir={never}",
+                     "--config.model.rope.sections=(3,5)"],
+        "seq_lens": ["eval.py", f"--workdir={never}", "--seq_lens=abc"],
+        "rope_scaling": ["eval.py", f"--workdir={never}", "--rope_scaling={rope_type: yarn}"],
+    }  # fmt: skip
+    results = dict(zip(cases, run_all(list(cases.values()), cache_env), strict=True))
+    assert one_error_line(*results["sections"]) == (
+        "error: model.rope.sections=(3, 5) is not read by allocation='interleaved' (it would "
+        "be ignored); set allocation to one of sections, mrope_interleaved, videorope, or "
+        "sections=()"
+    )
+    assert results["seq_lens"][0] == 2 and one_error_line(*results["seq_lens"]) == (
+        "error: --seq_lens=abc must be positive integers, e.g. --seq_lens=256,1024"
+    )
+    line = one_error_line(*results["rope_scaling"])
+    assert line.startswith("error: --rope_scaling={rope_type: yarn} is not valid JSON (") and (
+        """e.g. --rope_scaling='{"rope_type": "yarn", "factor": 4}'""" in line
+    ), line
+    assert not os.path.exists(never)
