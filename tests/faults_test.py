@@ -973,3 +973,16 @@ def test_settings_that_would_be_ignored_or_misread_are_one_line(tmp_path, cache_
         """e.g. --rope_scaling='{"rope_type": "yarn", "factor": 4}'""" in line
     ), line
     assert not os.path.exists(never)
+
+
+def test_the_first_build_of_a_shipped_corpus_is_one_line_of_ours(tmp_path, capsys):
+    config = data.default_config()
+    config.data_dir = str(tmp_path / "tfds")
+    data.ensure_built(config)  # TFDS prints "Downloading and preparing dataset Unknown size"
+    where = os.path.join(config.data_dir, "rope_shakespeare", "1.0.0")
+    assert capsys.readouterr().out == (
+        f"built the rope_shakespeare dataset once, in {where} (nothing was downloaded; later "
+        "runs read it)\n"
+    )
+    data.ensure_built(config)
+    assert capsys.readouterr().out == ""
