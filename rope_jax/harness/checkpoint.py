@@ -49,6 +49,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from rope_jax.data import tokenizers
+from rope_jax.harness import console
 from rope_jax.harness import workdir as workdir_lib
 
 CONFIG_FILE = "config.json"
@@ -344,7 +345,7 @@ class Manager:
     def _reset(self) -> None:
         """Forgets Orbax's view of the directory (after steps were moved or removed)."""
         if self._mngr is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception), _orbax_leftovers_dropped():
                 self._mngr.close()
             self._mngr = None
 
@@ -667,25 +668,15 @@ def _try_exclusive(path: str) -> int | None:
     return fd
 
 
-def orbax_leftover(unraisable) -> bool:
-    """An unraisable exception that is Orbax's leftovers: a read coroutine closed
-    unfinished after a restore failed (it raises from its GeneratorExit), or a
-    callback landing after its event loop closed. The failure itself is reported."""
-    error, obj = unraisable.exc_value, unraisable.object
-    if isinstance(error, RuntimeError) and "Event loop is closed" in str(error):
-        return True
-    code = getattr(obj, "cr_code", None)
-    return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
-
-
 @contextlib.contextmanager
 def _orbax_leftovers_dropped():
     """Runs Orbax with its unfinished coroutines collected before returning, their
-    errors dropped (`orbax_leftover`) and any other unraisable exception passed on."""
+    errors dropped (`console.orbax_leftover`) and any other unraisable exception passed
+    on (a failed restore's coroutines would print pages of "Exception ignored")."""
     previous = sys.unraisablehook
 
     def hook(unraisable):
-        if not orbax_leftover(unraisable):
+        if not console.orbax_leftover(unraisable):
             previous(unraisable)
 
     sys.unraisablehook = hook
