@@ -856,6 +856,7 @@ def _prepare_cmd(source, data_dir, *extra) -> list[str]:
             "--name=x", f"--data_dir={data_dir}", "--shard_tokens=200000", *extra]  # fmt: skip
 
 
+@pytest.mark.slow  # subprocesses
 def test_a_full_disk_while_preparing_is_one_line_and_the_same_command_resumes(
     tmp_path, mounts, monkeypatch
 ):
@@ -918,6 +919,7 @@ def test_a_full_disk_while_train_py_prepares_is_one_line(data_dir, tmp_path, mou
     assert not os.path.exists(workdir)
 
 
+@pytest.mark.slow  # subprocesses
 def test_prepare_warns_of_binary_text_and_held_out_splits_too_small(tmp_path):
     binary = tmp_path / "bin"
     binary.mkdir()
@@ -951,6 +953,7 @@ def test_prepare_warns_of_binary_text_and_held_out_splits_too_small(tmp_path):
 # ------------------------------------------------------------------ the command line, more
 
 
+@pytest.mark.slow  # subprocesses
 def test_settings_that_would_be_ignored_or_misread_are_one_line(tmp_path, cache_env):
     never = str(tmp_path / "never")
     cases = {
