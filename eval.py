@@ -22,12 +22,15 @@ each scores its own rows of every batch, the numbers are those of one process.
 
 from __future__ import annotations
 
-import json
-
 from absl import app, flags
 
 from rope_jax.harness import cli, distributed
-from rope_jax.harness.evaluate import evaluate_checkpoint, generate_text
+from rope_jax.harness.evaluate import (
+    evaluate_checkpoint,
+    generate_text,
+    parse_rope_scaling,
+    parse_seq_lens,
+)
 
 FLAGS = flags.FLAGS
 
@@ -72,6 +75,11 @@ def main(argv):
         cli.fail(f"unexpected arguments: {argv[1:]}", cli.USAGE_ERROR)
     if not FLAGS.workdir:
         cli.fail("--workdir is required", cli.USAGE_ERROR)
+    try:  # the flags absl cannot check: one line naming the flag, before anything starts
+        parse_seq_lens(FLAGS.seq_lens)
+        rope_scaling = parse_rope_scaling(FLAGS.rope_scaling)
+    except ValueError as e:
+        cli.fail(e, cli.USAGE_ERROR)
     distributed.start()  # several processes: before anything touches a device
     try:
         if FLAGS.generate:
@@ -95,7 +103,7 @@ def main(argv):
             fallback=FLAGS.fallback,
             tag=FLAGS.tag,
             overwrite=FLAGS.overwrite,
-            rope_scaling=None if FLAGS.rope_scaling is None else json.loads(FLAGS.rope_scaling),
+            rope_scaling=rope_scaling,
             max_position_embeddings=FLAGS.max_position_embeddings,
             passkey_examples=FLAGS.passkey,
         )

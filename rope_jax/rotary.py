@@ -69,10 +69,11 @@ class RopeSpec:
     """Every rotation setting but the positions: validated once, passed as one value.
 
     Fields as in the module docstring; `sections` is a tuple of pairs per axis (read
-    by every allocation but "interleaved", which ignores it). `scaling` may be given as
-    a dict (or ConfigDict) of HF keys; it is checked by `scaling.check_scaling`, its
-    defaults filled, and stored as a sorted tuple of (key, value) pairs (lists as
-    tuples), or None when it is plain RoPE (rope_type "default" over the whole head).
+    by every allocation but "interleaved", which refuses it: it would go unread, like a
+    scaling key its rule does not take). `scaling` may be given as a dict (or ConfigDict)
+    of HF keys; it is checked by `scaling.check_scaling`, its defaults filled, and stored
+    as a sorted tuple of (key, value) pairs (lists as tuples), or None when it is plain
+    RoPE (rope_type "default" over the whole head).
     `max_position_embeddings` is kept only with a scaling rule. Hashable, so the
     per-shape frequency table is cached. Whether the sections and the scaling fit a head
     (sections sum to P', one per axis, and give each axis its count under the
@@ -107,6 +108,12 @@ class RopeSpec:
             raise ValueError(
                 f"allocation={self.allocation!r} needs sections=(s_0, ..., s_{{A-1}}) "
                 "summing to H/2"
+            )
+        if self.allocation == "interleaved" and sections is not None:
+            raise ValueError(
+                f"sections={sections} is not read by allocation='interleaved' (it would be "
+                f"ignored); set allocation to one of "
+                f"{', '.join(a for a in ALLOCATIONS if a != 'interleaved')}, or sections=()"
             )
         scaling = _scaling_items(self.scaling)
         if scaling is not None and self.ladder != "standard":

@@ -17,6 +17,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -668,3 +669,323 @@ def test_command_line_mistakes_are_one_line_with_a_suggestion(commands):
         "did you mean configs/lm.py?"
     )
     assert not os.path.exists(commands["unknown_field"][3])  # nothing was created
+
+
+# ----------------------------------------------------------- evaluations beside others
+
+
+def _wait_for(predicate, proc, deadline_s=120, what="the condition"):
+    end = time.time() + deadline_s
+    while not predicate():
+        if proc.poll() is not None or time.time() > end:
+            out, err = proc.communicate() if proc.poll() is not None else ("", "")
+            proc.kill()
+            raise AssertionError(f"no {what}: {out[-2000:]} {err[-2000:]}")
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_two_concurrent_evals_with_other_settings_never_replace_each_other(
+    saved, tmp_path, cache_env
+):
+    # Started together: whichever comes second is refused, whatever the timing.
+    workdir = copy_run(saved, tmp_path, "together")
+    result = os.path.join(workdir, "eval_20.json")
+    procs = [start(["eval.py", f"--workdir={workdir}", f"--num_batches={n}"], cache_env)
+             for n in (1, 2)]  # fmt: skip
+    outcomes = [(p.wait(timeout=240), *p.communicate()) for p in procs]
+    winners = [i for i, (rc, _, _) in enumerate(outcomes) if rc == 0]
+    assert len(winners) == 1, outcomes
+    loser = outcomes[1 - winners[0]]
+    line = one_error_line(*loser)
+    assert "eval_20.json" in line and "--tag=NAME" in line, line
+    assert json.load(open(result))["settings"]["num_batches"] == winners[0] + 1
+
+    # Made to overlap: the first holds its result's lock, stopped, while the second runs.
+    workdir = copy_run(saved, tmp_path, "overlap")
+    result = os.path.join(workdir, "eval_20.json")
+    first = start(["eval.py", f"--workdir={workdir}", "--num_batches=1"], cache_env)
+    lock = os.path.join(workdir, ".eval_20.json.lock")
+    _wait_for(lambda: os.path.exists(lock), first, what="result lock")
+    first.send_signal(signal.SIGSTOP)
+    try:
+        rc, out, err = run_all([["eval.py", f"--workdir={workdir}", "--num_batches=2"]],
+                               cache_env)[0]  # fmt: skip
+        since = json.load(open(lock))["since"]
+    finally:
+        first.send_signal(signal.SIGCONT)
+    assert one_error_line(rc, out, err) == (
+        f"error: {result} is being made by another evaluation (host {socket.gethostname()}, "
+        f"pid {first.pid}, since {since}): wait for it to finish, or pass --tag=NAME to "
+        "write eval_<step>_NAME.json beside it"
+    )
+    out, err = first.communicate(timeout=240)
+    assert first.returncode == 0, err
+    assert err == f"evaluated step 20 of {workdir}/checkpoints; wrote {result}\n"
+    assert json.loads(out)["step"] == 20  # stdout: the JSON only
+    assert json.load(open(result))["settings"]["num_batches"] == 1
+    assert not os.path.exists(lock)
+
+
+def test_a_pinned_step_outlives_rotation_until_the_reader_closes(data_dir, saved, tmp_path):
+    workdir = copy_run(saved, tmp_path)  # steps 10 and 20
+    run = harness.build(tiny(data_dir))
+    writer = checkpoint.Manager(workdir, keep=1)
+    state, extra = writer.restore(20, run.abstract)
+    reader = checkpoint.Manager(workdir, read_only=True)
+    assert reader.pin_newest() == 20
+    reader.pin(10)
+    writer.save(30, state, extra)  # keep=1: 10 and 20 would go, but they are pinned
+    assert writer.steps() == [10, 20, 30]
+    reader.restore(10, run.abstract)  # still whole: it verifies
+    reader.close()
+    writer.save(40, state, extra)
+    assert writer.steps() == [40] and sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == [
+        "40"
+    ]
+    assert not os.path.exists(os.path.join(workdir, checkpoint.PINS_DIR))  # nothing left
+    with pytest.raises(checkpoint.StepGone, match="step 30 .* deleted by the running trainer"):
+        reader.pin(30)  # listed by the reader's Orbax before it went
+    writer.close()
+
+
+@pytest.mark.slow
+def test_eval_of_a_live_run_reads_a_pinned_complete_step_quietly(data_dir, tmp_path, cache_env):
+    live = tiny(data_dir, **{"train.num_steps": 5000, "train.ckpt_every_steps": 1,
+                             "train.ckpt_keep": 1, "train.log_every_steps": 100})  # fmt: skip
+    workdir = str(tmp_path / "live")
+    trainer = start(["train.py", *flags(live), f"--workdir={workdir}"], cache_env)
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    _wait_for(lambda: os.path.isdir(ckpt_dir) and any(n.isdigit() for n in os.listdir(ckpt_dir)),
+              trainer, what="first checkpoint")  # fmt: skip
+    try:
+        evaluated = []
+        for _ in range(3):
+            rc, out, err = run_all([["eval.py", f"--workdir={workdir}", "--num_batches=1"]],
+                                   cache_env)[0]  # fmt: skip
+            assert rc == 0 and trainer.poll() is None, err
+            step = json.loads(out)["step"]
+            assert err == (
+                f"evaluated step {step} of {ckpt_dir} (train.py is running there, host "
+                f"{socket.gethostname()}, pid {trainer.pid}, since "
+                f"{json.load(open(os.path.join(workdir, 'run.lock')))['since']}: its newest "
+                "complete checkpoint, pinned against rotation while it was read); wrote "
+                f"{os.path.join(workdir, f'eval_{step}.json')}\n"
+            ), err  # one line: no damaged-checkpoint message, no Orbax noise
+            assert json.load(open(os.path.join(workdir, f"eval_{step}.json")))["step"] == step
+            evaluated.append(step)
+        steps_now = [int(n) for n in os.listdir(ckpt_dir) if n.isdigit()]
+        assert min(steps_now) > max(evaluated)  # rotation went on, and took them afterwards
+    finally:
+        trainer.send_signal(signal.SIGTERM)
+        out, err = trainer.communicate(timeout=120)
+    assert trainer.returncode == 0 and err == "", err
+    assert len(set(evaluated)) == 3, evaluated  # three different steps of a moving run
+
+
+# ------------------------------------------------------------------ restarts and logs
+
+
+def _event_steps(workdir) -> list[list[tuple[str, int]]]:
+    """(tag, step) of every scalar in each TensorBoard event file under WD/tb."""
+    from tensorboardX.proto import event_pb2
+
+    out = []
+    for path in sorted(glob.glob(os.path.join(workdir, "tb", "events.out.tfevents.*"))):
+        data, scalars, at = open(path, "rb").read(), [], 0
+        while at + 12 <= len(data):
+            (length,) = struct.unpack("<Q", data[at : at + 8])
+            event = event_pb2.Event.FromString(data[at + 12 : at + 12 + length])
+            at += 12 + length + 4
+            scalars += [(v.tag, event.step) for v in event.summary.value]
+        out.append(scalars)
+    return out
+
+
+@pytest.mark.slow
+def test_a_restart_logs_every_step_once(data_dir, tmp_path, cache_env, trained):
+    # An evaluation after every step (the shapes of `trained`: cached) makes a run slow
+    # enough to kill at a chosen step.
+    config = tiny(data_dir, **{"train.log_every_steps": 1, "train.eval_every_steps": 1,
+                               "eval.num_batches": 100})  # fmt: skip
+    workdir = str(tmp_path / "run")
+    command = ["train.py", *flags(config), f"--workdir={workdir}"]
+
+    def reached(step: int) -> bool:
+        path = os.path.join(workdir, "metrics.jsonl")
+        text = open(path).read() if os.path.exists(path) else ""
+        return any(f'"step": {step},' in line and '"loss"' in line for line in text.splitlines())
+
+    def killed_after(step: int) -> None:
+        proc = start(command, cache_env)
+        _wait_for(lambda: reached(step), proc, what=f"step {step}")
+        proc.kill()  # SIGKILL: nothing is saved on the way out
+        proc.wait()
+
+    killed_after(3)  # before the first checkpoint (step 10)
+    assert not os.path.isdir(os.path.join(workdir, "checkpoints")) or not [
+        n for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit()
+    ]
+    killed_after(12)  # after it
+    assert checkpoint.Manager(workdir, read_only=True).steps() == [10]
+    rc, out, err = run_all([command], cache_env)[0]
+    assert rc == 0 and "resumed from step 10" in out, err
+    rows = metrics.read_jsonl(workdir)
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, 21))
+    assert [r["step"] for r in rows if "eval/loss" in r] == list(range(1, 21))
+    (events,) = _event_steps(workdir)  # one event file
+    losses = [step for tag, step in events if tag == "loss"]
+    assert losses == list(range(1, 21)), losses
+
+
+# ----------------------------------------------------------------- preparing a corpus
+
+
+def _text_corpus(path, files: int = 40, lines: int = 400) -> str:
+    """`files` .txt documents of varied English-like lines (~25 KB each)."""
+    os.makedirs(path, exist_ok=True)
+    for i in range(files):
+        with open(os.path.join(path, f"doc{i:03d}.txt"), "w") as f:
+            f.writelines(f"line {j} of document {i}: {j * 7919 % 1000} words, {i * j}\n"
+                         for j in range(lines))  # fmt: skip
+    return os.path.join(str(path), "*.txt")
+
+
+def _prepare_cmd(source, data_dir, *extra) -> list[str]:
+    return ["-m", "rope_jax.data.prepare", f"--source={source}", "--tokenizer=bytes",
+            "--name=x", f"--data_dir={data_dir}", "--shard_tokens=200000", *extra]  # fmt: skip
+
+
+@pytest.mark.slow  # subprocesses
+def test_a_full_disk_while_preparing_is_one_line_and_the_same_command_resumes(
+    tmp_path, mounts, monkeypatch
+):
+    from rope_jax.data import prepare
+
+    source = _text_corpus(tmp_path / "corpus")  # ~1 MB of text: 5 train shards of ~100 KiB
+    disk = mounts.tmpfs_or_skip(tmp_path / "disk", 256 << 10)
+    command = _prepare_cmd(source, disk)
+    # The check before each shard: train shard 0 fits, a later one does not.
+    proc = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True)
+    line = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    out = os.path.join(disk, "x")
+    assert re.fullmatch(
+        rf"error: not enough free space in {out}: shard train-0000\d needs about [\d.]+ KiB, "
+        r"[\d.]+ KiB free \(about [\d.]+ [KM]iB still to write\); free some space or use "
+        r"another --data_dir, then run the same command again: it resumes from the shards done",
+        line,
+    ), line
+    done = sorted(f for f in os.listdir(os.path.join(out, ".staging")) if f.endswith(".json"))
+    assert "train-00000.json" in done  # the shards written before are kept
+
+    # A write that runs out of space (the check bypassed, as if the disk filled meanwhile).
+    monkeypatch.setattr(prepare.Space, "check", lambda self, split, stem: None)
+    settings = prepare.Settings(source=source, tokenizer="bytes", shard_tokens=200_000)
+    with pytest.raises(prepare.OutOfSpace) as info:
+        prepare.prepare(settings, "x", disk, progress=False)
+    message = str(info.value)
+    assert message.startswith(f"not enough free space in {out}: a write failed (No space left "
+                              "on device") and "\n" not in message, message  # fmt: skip
+    assert "the same command again: it resumes" in message
+    assert not glob.glob(os.path.join(out, ".staging", "*.tmp"))  # no half shard left
+
+    subprocess.run(["mount", "-o", "remount,size=8m", disk], check=True)  # room again
+    proc = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "resuming train:" in proc.stderr  # complete shards kept, the rest written
+    meta = json.load(open(os.path.join(out, "metadata.json")))
+    total = sum(len(open(f, "rb").read()) for f in glob.glob(source))
+    assert sum(s["bytes"] for s in meta["splits"].values()) == total
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_train_py_prepares_is_one_line(data_dir, tmp_path, mounts, cache_env):
+    disk = mounts.tmpfs_or_skip(tmp_path / "disk", 1 << 20)
+    workdir = str(tmp_path / "run")
+    rc, out, err = run_all([["train.py", "--config=configs/lm.py:size=tiny",
+                             "--config.data.tokenizer=train:500", f"--config.data.data_dir={disk}",
+                             f"--workdir={workdir}"]], cache_env)[0]  # fmt: skip
+    progress = [x for x in err.splitlines() if x.startswith("prepare: ")]  # its own lines
+    line = one_error_line(rc, out, "\n".join(x for x in err.splitlines() if x not in progress))
+    assert "Traceback" not in err and len(progress) <= 2, err
+    assert re.fullmatch(
+        rf"error: not enough free space in {disk}/prepared/shakespeare-bpe500-\w+: shard "
+        r"train-00000 needs about [\d.]+ [KM]iB, [\d.]+ KiB free \(about [\d.]+ MiB still to "
+        r"write\); free some space or use another --data_dir, then run the same command "
+        "again: it resumes from the shards done",
+        line,
+    ), line
+    assert not os.path.exists(workdir)
+
+
+@pytest.mark.slow  # subprocesses
+def test_prepare_warns_of_binary_text_and_held_out_splits_too_small(tmp_path):
+    binary = tmp_path / "bin"
+    binary.mkdir()
+    (binary / "a.txt").write_bytes(bytes(range(256)) * 64)  # 16 KiB, half not UTF-8
+    proc = subprocess.run([sys.executable, *_prepare_cmd(binary / "*.txt", tmp_path / "out"),
+                           "--quiet"], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    warnings = proc.stderr.strip().splitlines()
+    assert warnings == [
+        f"prepare: warning: 1 file(s) are not valid UTF-8 (binary?): 8,192 invalid byte "
+        f"sequence(s) replaced by U+FFFD: {binary / 'a.txt'} (8,192)",
+        *(f"prepare: warning: the {split} split is empty: the source has 1 document(s) and a "
+          "held-out split needs 3 or more (one .txt file is one document; a .jsonl has one "
+          "per line): give more documents, or evaluate on another split"
+          for split in ("validation", "test")),
+    ]  # fmt: skip
+    # 60 short documents: 1% held out is one document each; --held_out_percent changes it.
+    small = _text_corpus(tmp_path / "small", files=60, lines=2)
+    args = _prepare_cmd(small, tmp_path / "out2", "--quiet")
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"the validation split holds a single document \([\d,]+ bytes\) of 60: "
+                     r"raise --held_out_percent \(now 1\)", proc.stderr), proc.stderr  # fmt: skip
+    proc = subprocess.run([sys.executable, *args, "--held_out_percent=10", "--name=y"],
+                          cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    meta = json.load(open(tmp_path / "out2" / "y" / "metadata.json"))
+    assert meta["splits"]["validation"]["documents"] > 1 and meta["splits"]["test"]["documents"] > 1
+
+
+# ------------------------------------------------------------------ the command line, more
+
+
+@pytest.mark.slow  # subprocesses
+def test_settings_that_would_be_ignored_or_misread_are_one_line(tmp_path, cache_env):
+    never = str(tmp_path / "never")
+    cases = {
+        "sections": ["train.py", "--config=configs/lm.py:size=tiny", f"--workdir={never}",
+                     "--config.model.rope.sections=(3,5)"],
+        "seq_lens": ["eval.py", f"--workdir={never}", "--seq_lens=abc"],
+        "rope_scaling": ["eval.py", f"--workdir={never}", "--rope_scaling={rope_type: yarn}"],
+    }  # fmt: skip
+    results = dict(zip(cases, run_all(list(cases.values()), cache_env), strict=True))
+    assert one_error_line(*results["sections"]) == (
+        "error: model.rope.sections=(3, 5) is not read by allocation='interleaved' (it would "
+        "be ignored); set allocation to one of sections, mrope_interleaved, videorope, or "
+        "sections=()"
+    )
+    assert results["seq_lens"][0] == 2 and one_error_line(*results["seq_lens"]) == (
+        "error: --seq_lens=abc must be positive integers, e.g. --seq_lens=256,1024"
+    )
+    line = one_error_line(*results["rope_scaling"])
+    assert line.startswith("error: --rope_scaling={rope_type: yarn} is not valid JSON (") and (
+        """e.g. --rope_scaling='{"rope_type": "yarn", "factor": 4}'""" in line
+    ), line
+    assert not os.path.exists(never)
+
+
+def test_the_first_build_of_a_shipped_corpus_is_one_line_of_ours(tmp_path, capsys):
+    config = data.default_config()
+    config.data_dir = str(tmp_path / "tfds")
+    data.ensure_built(config)  # TFDS prints "Downloading and preparing dataset Unknown size"
+    where = os.path.join(config.data_dir, "rope_shakespeare", "1.0.0")
+    assert capsys.readouterr().out == (
+        f"built the rope_shakespeare dataset once, in {where} (nothing was downloaded; later "
+        "runs read it)\n"
+    )
+    data.ensure_built(config)
+    assert capsys.readouterr().out == ""

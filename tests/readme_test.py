@@ -23,3 +23,9 @@ def test_readme_commands_name_existing_files():
         assert os.path.exists(os.path.join(ROOT, path)), path
     for config in set(re.findall(r"--config=(configs/\w+\.py)", text)):
         assert os.path.exists(os.path.join(ROOT, config)), config
+
+
+def test_the_layout_example_writes_under_runs_not_over_the_committed_plot():
+    text = open(os.path.join(ROOT, "README.md")).read()
+    outs = re.findall(r"plot_layout [^`]*?--out=(\S+)", text)
+    assert outs and all(out.startswith("runs/") for out in outs), outs

@@ -21,6 +21,10 @@ Everything else (the harness, the iterators, preparation) asks the kind object.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import re
+
 import numpy as np
 
 from rope_jax import layouts
@@ -186,9 +190,25 @@ def check_scheme(data_config) -> None:
         raise ValueError(f"data.scheme={scheme!r} is not one of {', '.join(layouts.SCHEMES)}")
 
 
+_TFDS_LINES = re.compile(r"Downloading and preparing dataset|Dataset (\S+) downloaded and "
+                         r"prepared to (\S+?)\.? Subsequent calls")  # fmt: skip
+
+
 def ensure_built(data_config) -> None:
-    """Builds a shipped corpus or the digits if needed; checks any other source is usable."""
-    kind(data_config).prepare()
+    """Builds a shipped corpus or the digits if needed; checks any other source is usable.
+
+    TFDS's own lines for a build ("Downloading and preparing dataset Unknown size ...",
+    though nothing is downloaded) are replaced by one line saying what was built where.
+    """
+    with contextlib.redirect_stdout(io.StringIO()) as captured:
+        kind(data_config).prepare()
+    for line in captured.getvalue().splitlines():
+        match = _TFDS_LINES.search(line)
+        if match is None:
+            print(line)
+        elif match.group(1):
+            print(f"built the {match.group(1)} dataset once, in {match.group(2)} (nothing was "
+                  "downloaded; later runs read it)", flush=True)  # fmt: skip
 
 
 def make_train_iterator(data_config, *, seed: int, batch_size: int, process_index: int = 0,

@@ -17,9 +17,12 @@ byte-level BPE trained on the first `--tokenizer_train_bytes` of the train split
 Splits: shipped corpora keep the splits of `rope_jax.data.corpora` (held-out plays by
 name; stdlib files by path hash), so their numbers compare with the TFDS builders.
 Other sources go by a seeded hash of each document's text: 1% validation, 1% test,
-98% train, at least one document in each held-out split when there are 3 or more
-(identical documents land in the same split). `--max_documents` keeps the first N
-documents of each split.
+98% train (`--held_out_percent` sets the 1%), at least one document in each held-out
+split when there are 3 or more (identical documents land in the same split); a
+held-out split left empty or with a single document is a warning that says how to
+change it. `--max_documents` keeps the first N documents of each split. A .txt or
+.jsonl file that is not valid UTF-8 (binary?) is a warning with the count of invalid
+byte sequences replaced.
 
 Output: DIR/NAME/ in the format of `rope_jax.data.shards` (read it with
 `shards.open_split` / `shards.window_dataset`), plus metadata.json with the counts per
@@ -27,23 +30,30 @@ split, the shard list and hashes, the settings and the command. The output depen
 the input and the settings only, never on `--workers`. Interrupted? Run the same
 command again: complete shards are checked by sha256 and kept, the rest redone;
 metadata.json is written last, so an unfinished dataset is never taken for a complete
-one. Progress (documents/s, tokens/s, ETA) goes to stderr.
+one. Before each shard the free space is checked against the shard's estimated size
+(its tokens x the bytes per token on disk: zlib's of the first tokens, then what the
+written shards took); a full disk, found by the check or by a write, is one line
+naming the directory, the bytes needed and free, and that the same command resumes.
+Progress (documents/s, tokens/s, ETA) goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import glob
 import hashlib
 import json
+import math
 import multiprocessing
 import os
 import shlex
 import shutil
 import sys
 import time
-from collections import deque
+import zlib
+from collections import Counter, deque
 from collections.abc import Iterator
 
 import numpy as np
@@ -72,11 +82,13 @@ class Settings:
     tokenizer_train_bytes: int = 1_000_000_000
     compression: str = "zstd"
     byte_counts: str = "auto"
+    held_out_percent: float = HELD_OUT_PERCENT["validation"]  # each of validation, test
 
 
-def documents(settings: Settings) -> Iterator[Doc]:
-    """Every document of the source, in a fixed order (`readers.documents`)."""
-    return readers.documents(settings.source, settings.text_key)
+def documents(settings: Settings, tally: Counter | None = None) -> Iterator[Doc]:
+    """Every document of the source, in a fixed order (`readers.documents`); `tally`
+    counts the invalid UTF-8 byte sequences replaced, per file."""
+    return readers.documents(settings.source, settings.text_key, tally)
 
 
 def source_fingerprint(settings: Settings) -> str:
@@ -94,11 +106,11 @@ def hash_unit(text: str, seed: int) -> float:
     return int.from_bytes(digest, "little") / 2**64
 
 
-def hash_split(unit: float) -> str:
-    """validation below 1%, test below 2%, train above."""
-    if unit < HELD_OUT_PERCENT["validation"] / 100:
+def hash_split(unit: float, percent: float = HELD_OUT_PERCENT["validation"]) -> str:
+    """validation below `percent`%, test below twice that, train above."""
+    if unit < percent / 100:
         return "validation"
-    if unit < (HELD_OUT_PERCENT["validation"] + HELD_OUT_PERCENT["test"]) / 100:
+    if unit < 2 * percent / 100:
         return "test"
     return "train"
 
@@ -115,13 +127,15 @@ class SplitPlan:
 def _assign(index: int, doc: Doc, text: str, settings: Settings, forced: dict) -> str:
     if doc.split is not None:
         return doc.split
-    return forced.get(index) or hash_split(hash_unit(text, settings.seed))
+    unit = hash_unit(text, settings.seed)
+    return forced.get(index) or hash_split(unit, settings.held_out_percent)
 
 
-def _labelled(settings: Settings, forced: dict) -> Iterator[tuple[int, Doc, str, str]]:
+def _labelled(settings: Settings, forced: dict, tally: Counter | None = None
+              ) -> Iterator[tuple[int, Doc, str, str]]:  # fmt: skip
     """(index, doc, split, text) of every non-empty document, in source order."""
     index = -1
-    for doc in documents(settings):
+    for doc in documents(settings, tally):
         text = doc.read()
         if text:
             index += 1
@@ -137,12 +151,13 @@ def assigned(settings: Settings, plan: SplitPlan | None = None) -> Iterator[tupl
             yield doc, split, text
 
 
-def _count(settings: Settings, forced: dict) -> tuple[SplitPlan, int, list]:
+def _count(settings: Settings, forced: dict, tally: Counter | None = None
+           ) -> tuple[SplitPlan, int, list]:  # fmt: skip
     """One pass: kept documents and bytes per split, the number of non-empty documents,
     and (hash, index) of the two lowest-hash train documents."""
     plan = SplitPlan(forced, dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0))
     lowest, total = [], 0
-    for index, doc, split, text in _labelled(settings, forced):
+    for index, doc, split, text in _labelled(settings, forced, tally):
         total += 1
         if doc.split is None and split == "train":
             lowest = sorted([*lowest, (hash_unit(text, settings.seed), index)])[:2]
@@ -152,11 +167,12 @@ def _count(settings: Settings, forced: dict) -> tuple[SplitPlan, int, list]:
     return plan, total, lowest
 
 
-def plan_splits(settings: Settings) -> SplitPlan:
+def plan_splits(settings: Settings, tally: Counter | None = None) -> SplitPlan:
     """First pass: the split of every document. With >= 3 documents and an empty held-out
     split, the train documents with the lowest hashes move there, one each (then a
-    second pass counts again; this happens for small corpora only)."""
-    plan, total, lowest = _count(settings, {})
+    second pass counts again; this happens for small corpora only). `tally` counts
+    the invalid UTF-8 byte sequences per file."""
+    plan, total, lowest = _count(settings, {}, tally)
     if total == 0:
         raise PrepareError(f"--source={settings.source!r} has no non-empty documents")
     forced = {}
@@ -164,6 +180,34 @@ def plan_splits(settings: Settings) -> SplitPlan:
         if plan.documents[split] == 0 and total >= 3 and lowest:
             forced[lowest.pop(0)[1]] = split
     return _count(settings, forced)[0] if forced else plan
+
+
+def plan_warnings(settings: Settings, plan: SplitPlan, tally: Counter) -> list[str]:
+    """What the first pass found that a user should hear of: input that is not valid
+    UTF-8 (files, replaced sequences), held-out splits that are empty or hold a single
+    document (and which flag changes that)."""
+    out = []
+    bad = sorted((f for f, n in tally.items() if n), key=lambda f: -tally[f])
+    if bad:
+        named = ", ".join(f"{f} ({tally[f]:,})" for f in bad[:3]) + ", ..." * (len(bad) > 3)
+        out.append(f"{len(bad)} file(s) are not valid UTF-8 (binary?): {sum(tally.values()):,} "
+                   f"invalid byte sequence(s) replaced by U+FFFD: {named}")  # fmt: skip
+    total = sum(plan.documents.values())
+    for split in ("validation", "test"):
+        count = plan.documents[split]
+        if count == 0:
+            out.append(
+                f"the {split} split is empty: the source has {total} document(s) and a "
+                "held-out split needs 3 or more (one .txt file is one document; a .jsonl "
+                "has one per line): give more documents, or evaluate on another split"
+            )
+        elif count == 1:
+            out.append(
+                f"the {split} split holds a single document ({plan.bytes[split]:,} bytes) "
+                f"of {total}: raise --held_out_percent (now {settings.held_out_percent:g}) "
+                "or give more documents to hold out more"
+            )
+    return out
 
 
 # ---------------------------------------------------------------------------- tokenizer
@@ -207,6 +251,77 @@ def byte_table(tok: tokenizers.Tokenizer, mode: str) -> np.ndarray | None:
             "byte lengths (it normalizes text); use auto or proportional"
         )
     return table
+
+
+# --------------------------------------------------------------------------- free space
+
+
+class OutOfSpace(PrepareError):
+    """The disk holding the dataset is (or would be) full; the same command resumes."""
+
+
+@dataclasses.dataclass
+class Space:
+    """Free-space checks of one preparation of DIR/NAME: before each shard, its size on
+    disk estimated as tokens x bytes per token (zlib level 1 of the first tokens, close to
+    the shards' zstd; then what the shards written took)."""
+
+    out: str
+    settings: Settings
+    left_bytes: dict  # UTF-8 bytes of the documents still to write, per split
+    tokens_per_byte: float = 1.0
+    disk_per_token: float | None = None
+
+    def learn(self, ids: list[np.ndarray], sizes: list[int], entries: dict) -> None:
+        """Updates the rates from a tokenized chunk and the shards written so far."""
+        tokens, nbytes = sum(map(len, ids)), sum(sizes)
+        if nbytes:
+            self.tokens_per_byte = tokens / nbytes
+        done = [e for split in SPLITS for e in entries[split]]
+        if done and sum(e["tokens"] for e in done):
+            size = sum(e["size"] + e["index_size"] for e in done)
+            self.disk_per_token = size / sum(e["tokens"] for e in done)
+        elif self.disk_per_token is None and tokens:
+            raw = np.concatenate(ids).tobytes()[: 1 << 20]
+            packed = zlib.compress(raw, 1) if self.settings.compression != "none" else raw
+            self.disk_per_token = len(packed) / (len(raw) / ids[0].dtype.itemsize)
+
+    def shard_bytes(self, split: str) -> int:
+        """Estimated bytes on disk of the next shard of `split` (and its index)."""
+        tokens = min(self.settings.shard_tokens, self.left_bytes[split] * self.tokens_per_byte)
+        return math.ceil(tokens * (self.disk_per_token or 2.0)) + (64 << 10)
+
+    def rest_bytes(self) -> int:
+        """Estimated bytes on disk of everything still to write."""
+        tokens = sum(self.left_bytes.values()) * self.tokens_per_byte
+        return math.ceil(tokens * (self.disk_per_token or 2.0)) + (64 << 10)
+
+    def check(self, split: str, stem: str) -> None:
+        need, free = self.shard_bytes(split), shutil.disk_usage(self.out).free
+        if free < need:
+            raise OutOfSpace(self.message(f"shard {stem} needs about {_size(need)}", free))
+
+    def message(self, what: str, free: int) -> str:
+        return (
+            f"not enough free space in {self.out}: {what}, {_size(free)} free (about "
+            f"{_size(self.rest_bytes())} still to write); free some space or use another "
+            "--data_dir, then run the same command again: it resumes from the shards done"
+        )
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def out_of_space(error: BaseException) -> bool:
+    """A write that failed for lack of space (OSError, or ArrayRecord's RuntimeError)."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return isinstance(error, RuntimeError) and "No space left on device" in str(error)
 
 
 # ------------------------------------------------------------------------------ workers
@@ -422,7 +537,7 @@ def _settings_record(settings: Settings) -> dict:
     record = dataclasses.asdict(settings)
     record["source_fingerprint"] = source_fingerprint(settings)
     record["format"] = shards.FORMAT
-    record["held_out_percent"] = HELD_OUT_PERCENT
+    record["held_out_percent"] = dict.fromkeys(HELD_OUT_PERCENT, settings.held_out_percent)
     kind, value = tokenizers.parse_spec(settings.tokenizer)
     if kind == "path":
         record["tokenizer_files"] = _tree_hash(value)
@@ -470,10 +585,24 @@ def prepare(
     command: str = "",
     progress: bool = True,
 ) -> dict:
-    """Prepares (or resumes, or checks) DIR/NAME; returns its metadata."""
+    """Prepares (or resumes, or checks) DIR/NAME; returns its metadata. A full disk is
+    an `OutOfSpace` line (the same call resumes once there is room)."""
     _check_settings(settings, name, workers)
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if progress else (lambda _: None)
     out = os.path.join(os.path.expanduser(data_dir), name)
+    space = Space(out, settings, dict.fromkeys(SPLITS, 0))
+    try:
+        return _prepare(settings, out, space, say, workers, command, progress)
+    except (OSError, RuntimeError) as e:
+        if not out_of_space(e):
+            raise
+        where = getattr(e, "filename", None) or out
+        free = shutil.disk_usage(os.path.dirname(out) if not os.path.isdir(out) else out).free
+        raise OutOfSpace(space.message(f"a write failed (No space left on device: {where})",
+                                       free)) from None  # fmt: skip
+
+
+def _prepare(settings, out, space, say, workers, command, progress) -> dict:
     os.makedirs(out, exist_ok=True)
     record = _settings_record(settings)
     meta = _check_existing(out, record, say)
@@ -484,7 +613,10 @@ def prepare(
     os.makedirs(staging, exist_ok=True)
     _write_json(os.path.join(staging, SETTINGS_FILE), record)
 
-    plan = plan_splits(settings)
+    tally = Counter()
+    plan = plan_splits(settings, tally)
+    for line in plan_warnings(settings, plan, tally):
+        print(f"prepare: warning: {line}", file=sys.stderr, flush=True)
     tok = make_tokenizer(settings, plan, out)
     table = byte_table(tok, settings.byte_counts)
     if table is not None:
@@ -493,6 +625,7 @@ def prepare(
     entries, skip = {}, {}
     for split in SPLITS:
         entries[split], skip[split] = resume_split(out, staging, split, say)
+        space.left_bytes[split] = plan.bytes[split] - sum(e["bytes"] for e in entries[split])
 
     writer_args = dict(
         dtype=dtype,
@@ -510,6 +643,7 @@ def prepare(
         workers,
         os.path.join(out, shards.TOKENIZER_DIR),
         progress,
+        space,
     )
     meta = _metadata(out, settings, record, tok, table, entries, command)
     _finalize(out, staging, entries, meta)
@@ -536,6 +670,8 @@ def _check_settings(settings: Settings, name: str, workers: int) -> None:
         raise PrepareError(f"--compression must be one of {', '.join(shards.COMPRESSION)}")
     if settings.byte_counts not in ("auto", "exact", "proportional"):
         raise PrepareError("--byte_counts must be auto, exact or proportional")
+    if not 0 < settings.held_out_percent <= 50:
+        raise PrepareError(f"--held_out_percent={settings.held_out_percent:g} must be in (0, 50]")
     tokenizers.parse_spec(settings.tokenizer)
 
 
@@ -557,7 +693,7 @@ def _chunks(settings: Settings, plan: SplitPlan, skip: dict) -> Iterator[list[tu
 
 
 def _tokenize(
-    settings, plan, staging, entries, skip, writer_args, workers, tokenizer_dir, show
+    settings, plan, staging, entries, skip, writer_args, workers, tokenizer_dir, show, space
 ) -> dict:
     """Second pass: documents -> workers (in order) -> one shard writer per split."""
     exact = writer_args["token_bytes"] is not None
@@ -572,12 +708,15 @@ def _tokenize(
                 f"{chunk[bad][0].key}: tokenizer byte table disagrees with the "
                 "document's UTF-8 size; use --byte_counts=proportional"
             )
+        space.learn(ids, sizes, entries)
         for (_, split, _), a, size in zip(chunk, ids, sizes, strict=True):
             if len(a) == 0:
                 continue
             if writers[split] is None:
                 stem = shards.shard_stem(split, len(entries[split]))
+                space.check(split, stem)  # before each shard: its estimated size
                 writers[split] = shards.ShardWriter(staging, stem, **writer_args)
+            space.left_bytes[split] -= size
             writers[split].add(a, size)
             if writers[split].tokens >= settings.shard_tokens:
                 _close(writers, split, entries, staging)
@@ -736,6 +875,12 @@ def parse_args(argv):
     )
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the split hash")
     p.add_argument(
+        "--held_out_percent",
+        type=float,
+        default=d.held_out_percent,
+        help="share of the documents in each of validation and test (hash-split sources)",
+    )
+    p.add_argument(
         "--tokenizer_train_bytes",
         type=int,
         default=d.tokenizer_train_bytes,
@@ -766,6 +911,7 @@ def main(argv=None) -> None:
         tokenizer_train_bytes=args.tokenizer_train_bytes,
         compression=args.compression,
         byte_counts=args.byte_counts,
+        held_out_percent=args.held_out_percent,
     )
     command = shlex.join(["python", "-m", "rope_jax.data.prepare", *argv])
     try:

@@ -150,6 +150,8 @@ def ensure_prepared(data_config) -> str:
                 prepare.prepare(_auto_settings(data_config, source), os.path.basename(path),
                                 parent, workers=min(4, os.cpu_count() or 1),
                                 command="", progress=True)  # fmt: skip
+            except prepare.OutOfSpace as e:  # names the directory already
+                raise sources.DataSourceError(str(e)) from None
             except ValueError as e:
                 raise sources.DataSourceError(f"preparing {path}: {e}") from None
     metadata(path)

@@ -23,6 +23,7 @@ import gzip
 import hashlib
 import json
 import os
+from collections import Counter
 from collections.abc import Callable, Iterator
 
 SHIPPED = ("shakespeare", "python_stdlib")
@@ -85,10 +86,23 @@ def _value(record: dict, text_key: str):
     return value, None
 
 
-def _jsonl_docs(path: str, text_key: str) -> Iterator[Doc]:
+def decode(raw: bytes, key: str, tally: Counter | None = None) -> str:
+    """UTF-8 text of `raw`, invalid byte sequences replaced by U+FFFD; their count is
+    added to `tally[key]` (binary input read as text)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = raw.decode("utf-8", errors="replace")
+    if tally is not None:
+        tally[key] += text.count("\ufffd") - raw.count("\ufffd".encode())
+    return text
+
+
+def _jsonl_docs(path: str, text_key: str, tally: Counter | None = None) -> Iterator[Doc]:
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, start=1):
+    with opener(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            line = decode(raw, path, tally)
             if not line.strip():
                 continue
             try:
@@ -134,10 +148,10 @@ def _parquet_docs(path: str, text_key: str) -> Iterator[Doc]:
             yield Doc(f"{path}:row {row}", None, lambda v=value: v)
 
 
-def _txt_doc(path: str) -> Doc:
+def _txt_doc(path: str, tally: Counter | None = None) -> Doc:
     def read() -> str:
         with open(path, "rb") as f:
-            return f.read().decode("utf-8", errors="replace")
+            return decode(f.read(), path, tally)
 
     return Doc(path, None, read)
 
@@ -157,8 +171,12 @@ def _shipped_docs(name: str) -> Iterator[Doc]:
             yield Doc(rel, corpora.hash_split(rel), lambda p=path: corpora.read_source(p))
 
 
-def documents(source: str, text_key: str = "text") -> Iterator[Doc]:
-    """Every document of the source, in a fixed order (files sorted, then line/row)."""
+def documents(source: str, text_key: str = "text", tally: Counter | None = None) -> Iterator[Doc]:
+    """Every document of the source, in a fixed order (files sorted, then line/row).
+
+    `tally` (a Counter) gets, per .txt/.jsonl file that is not valid UTF-8, the number
+    of invalid byte sequences replaced by U+FFFD (counted as the documents are read).
+    """
     if source in SHIPPED:
         yield from _shipped_docs(source)
         return
@@ -168,9 +186,9 @@ def documents(source: str, text_key: str = "text") -> Iterator[Doc]:
     for path in source_files(source):
         kind = _file_kind(path)
         if kind == "txt":
-            yield _txt_doc(path)
+            yield _txt_doc(path, tally)
         elif kind == "jsonl":
-            yield from _jsonl_docs(path, text_key)
+            yield from _jsonl_docs(path, text_key, tally)
         else:
             yield from _parquet_docs(path, text_key)
 

@@ -172,8 +172,12 @@ class ShardWriter:
         }
 
     def abort(self) -> None:
-        """Closes and removes the temporary file (an interrupted shard)."""
-        self._writer.close()
+        """Closes and removes the temporary file (an interrupted shard; a close that
+        fails, on a full disk say, still removes it)."""
+        try:
+            self._writer.close()
+        except Exception:  # noqa: BLE001  (ArrayRecord raises RuntimeError; the cause is reported)
+            pass
         if os.path.exists(self._tmp):
             os.remove(self._tmp)
 

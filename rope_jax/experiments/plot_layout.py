@@ -73,11 +73,13 @@ def allocation_table(
 ) -> np.ndarray:
     """Axis of every rotation pair under each allocation: int32 [len(allocations), H/2].
 
-    `sections` None = `rotary.reference_sections` of each allocation.
+    `sections` None = `rotary.reference_sections` of each allocation ("interleaved" reads
+    none).
     """
     rows = []
     for name in allocations:
         own = rotary.reference_sections(name, head_dim, num_axes) if sections is None else sections
+        own = None if name == "interleaved" else own
         rows.append(rotary.axis_of_pair(head_dim, num_axes=num_axes, allocation=name, sections=own))
     return np.stack(rows)
 

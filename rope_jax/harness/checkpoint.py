@@ -16,7 +16,12 @@ A workdir holds:
 Saving checks the free space first (against the previous step's size), waits for
 Orbax to finish, flushes the step to disk and only then writes its checksums; a
 failure is a `SaveError` naming the step, the directory and the free space, and
-leaves the earlier steps as they were. Restoring goes into an abstract target
+leaves the earlier steps as they were. Only then are the oldest steps beyond `keep`
+deleted, except those a reader has pinned: a read-only manager (eval.py) holds a
+shared `flock` on <workdir>/checkpoint_pins/<step>.lock from choosing a step until
+it closes, and the writer deletes a step only under the exclusive lock (a pinned
+step goes at a later save), so evaluating a live run never reads a step that
+rotation is deleting. Restoring goes into an abstract target
 (`jax.ShapeDtypeStruct`s carrying shardings), so arrays land directly on their
 devices; then every array is compared with its checksum and non-finite parameters
 are rejected. Every failure a user can cause (no checkpoint, a different model
@@ -27,10 +32,13 @@ readable line that names the step.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import gc
 import glob
 import json
 import os
 import shutil
+import sys
 import zlib
 from typing import Any
 
@@ -41,6 +49,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from rope_jax.data import tokenizers
+from rope_jax.harness import console
 from rope_jax.harness import workdir as workdir_lib
 
 CONFIG_FILE = "config.json"
@@ -48,6 +57,7 @@ TOKENIZER_DIR = "tokenizer"
 CKPT_DIR = "checkpoints"
 DAMAGED_DIR = "damaged_checkpoints"  # where train.py --fallback moves damaged steps
 CHECKSUMS_FILE = "checksums.process_{}.json"  # one per process: its own shards
+PINS_DIR = "checkpoint_pins"  # <step>.lock: readers hold it shared, rotation exclusive
 
 
 class CheckpointError(ValueError):
@@ -56,6 +66,11 @@ class CheckpointError(ValueError):
 
 class SaveError(CheckpointError):
     """A checkpoint that could not be written (disk full, permissions); earlier ones kept."""
+
+
+class StepGone(CheckpointError):
+    """A step that was listed but no longer exists (deleted by a running trainer's
+    rotation before it could be pinned): not damage."""
 
 
 # ------------------------------------------------------------------------------ config
@@ -315,11 +330,12 @@ class Manager:
         if read_only and not os.path.isdir(self.directory):
             raise CheckpointError(f"no checkpoints in {workdir!r} (looked in {self.directory})")
         self._mngr = None
+        self._pins: dict[int, int] = {}  # step -> fd holding its shared pin (readers)
 
     def _manager(self) -> ocp.CheckpointManager:
-        if self._mngr is None:
+        if self._mngr is None:  # rotation is ours (`_rotate`): after checksums, around pins
             options = ocp.CheckpointManagerOptions(
-                max_to_keep=self.keep, create=not self.read_only, read_only=self.read_only
+                max_to_keep=None, create=not self.read_only, read_only=self.read_only
             )
             self._mngr = ocp.CheckpointManager(
                 self.directory, options=options, item_names=("state", "extra")
@@ -329,7 +345,7 @@ class Manager:
     def _reset(self) -> None:
         """Forgets Orbax's view of the directory (after steps were moved or removed)."""
         if self._mngr is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception), _orbax_leftovers_dropped():
                 self._mngr.close()
             self._mngr = None
 
@@ -338,9 +354,116 @@ class Manager:
             return []
         return sorted(self._manager().all_steps())
 
-    def latest_step(self) -> int | None:
-        steps = self.steps()
+    def latest_step(self, *, complete: bool = False) -> int | None:
+        """The newest step; with `complete`, the newest whose save has finished (its
+        checksums written): on a live run, the one being saved is left alone."""
+        steps = [s for s in self.steps() if not complete or self.is_complete(s)]
         return steps[-1] if steps else None
+
+    def is_complete(self, step: int) -> bool:
+        """Whether `step`'s save finished: every process's checksums are there (a step
+        saved before checksums existed counts as complete)."""
+        try:
+            with open(os.path.join(self.step_dir(step), "extra", "metadata")) as f:
+                extra = json.load(f)
+        except (OSError, ValueError):
+            return False
+        if not isinstance(extra, dict) or "checksums" not in extra:
+            return isinstance(extra, dict)
+        count = int(extra.get("checksum_processes", 1))
+        return all(os.path.exists(os.path.join(self.step_dir(step), CHECKSUMS_FILE.format(i)))
+                   for i in range(count))  # fmt: skip
+
+    # ------------------------------------------------------------------------ pins
+
+    def _pin_path(self, step: int) -> str:
+        return os.path.join(self.workdir, PINS_DIR, f"{step}.lock")
+
+    def pin(self, step: int) -> None:
+        """Holds `step` (read-only managers): a running trainer's rotation leaves it until
+        `close`. StepGone if it was deleted before the pin took hold."""
+        if step in self._pins or not self.read_only:
+            return
+        path = self._pin_path(step)
+        while True:
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError:  # a workdir we cannot write to: nobody rotates it meanwhile
+                break
+            fcntl.flock(fd, fcntl.LOCK_SH)  # waits out a deletion in progress
+            if workdir_lib.is_current(fd, path):
+                self._pins[step] = fd
+                break
+            os.close(fd)  # deleted with its step while we waited: look again
+        if not os.path.isdir(self.step_dir(step)):
+            self._unpin(step)
+            self._reset()  # Orbax's cached step list still has it
+            raise StepGone(
+                f"checkpoint step {step} in {self.directory} was deleted by the running "
+                "trainer's rotation before it could be read"
+            )
+
+    def pin_newest(self, *, complete: bool = False) -> int | None:
+        """The newest step (with `complete`, the newest whose save finished), pinned (a
+        reader): rotation leaves it until `close`. Looks again when rotation deleted it
+        first; None when there is no step."""
+        for _ in range(100):
+            if self._mngr is not None:
+                self._manager().reload()  # the directory changes under a live run
+            step = self.latest_step(complete=complete)
+            if step is None:
+                return None
+            try:
+                self.pin(step)
+                return step
+            except StepGone:
+                continue
+        raise CheckpointError(f"the checkpoints in {self.directory} change too fast to pin one")
+
+    def _unpin(self, step: int) -> None:
+        """Releases a pin; its lock file goes too unless another reader holds it."""
+        fd = self._pins.pop(step, None)
+        if fd is None:
+            return
+        path = self._pin_path(step)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if workdir_lib.is_current(fd, path):
+                os.unlink(path)
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.dirname(path))  # only if empty
+        except OSError:  # BlockingIOError: another reader holds it
+            pass
+        finally:
+            os.close(fd)
+
+    def _rotate(self) -> None:
+        """Deletes the oldest steps beyond `keep` (the newest is complete, with its
+        checksums), except pinned ones: those go at a later save. Process 0 decides
+        (it holds the exclusive locks), every process deletes the same steps (Orbax)."""
+        old = self.steps()[: -self.keep]
+        if not old:
+            return
+        held = [_try_exclusive(self._pin_path(step)) if jax.process_index() == 0 else None
+                for step in old]  # fmt: skip
+        try:
+            free = np.asarray([fd is not None for fd in held], np.int32)
+            if jax.process_count() > 1:
+                from jax.experimental import multihost_utils
+
+                free = np.asarray(multihost_utils.broadcast_one_to_all(free))
+            for step, ok in zip(old, free, strict=True):
+                if ok:
+                    self._manager().delete(step)
+        finally:
+            for step, fd in zip(old, held, strict=True):
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(self._pin_path(step))  # while held: readers look again
+                    os.close(fd)
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(self.workdir, PINS_DIR))  # only if empty
 
     def step_dir(self, step: int) -> str:
         return os.path.join(self.directory, str(step))
@@ -371,6 +494,7 @@ class Manager:
         except Exception as e:  # Orbax raises many types; one line for the user
             self._discard(step, existed)
             raise SaveError(self._save_failed(step, e)) from e
+        self._rotate()
 
     def _check_space(self, step: int, state) -> None:
         previous = self.latest_step()
@@ -419,14 +543,16 @@ class Manager:
         verifies it: shapes, checksums, finite parameters."""
         if step not in self.steps():
             raise CheckpointError(f"no checkpoint at step {step} in {self.directory}")
+        self.pin(step)  # a reader: rotation leaves the step alone until `close`
         try:
-            restored = self._manager().restore(
-                step,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract_state),
-                    extra=ocp.args.JsonRestore(),
-                ),
-            )
+            with _orbax_leftovers_dropped():
+                restored = self._manager().restore(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(abstract_state),
+                        extra=ocp.args.JsonRestore(),
+                    ),
+                )
         except Exception as e:  # orbax raises many types; one line for the user
             raise CheckpointError(_explain(step, self.directory, e)) from e
         _check_shapes(restored.state, abstract_state, step)
@@ -486,6 +612,8 @@ class Manager:
         for step in reversed(self.steps()):
             try:
                 return (step, *self.restore(step, abstract_state), skipped)
+            except StepGone:
+                continue  # rotated away by a running trainer: not damage
             except CheckpointError as e:
                 skipped.append((step, str(e)))
         raise CheckpointError(
@@ -514,9 +642,49 @@ class Manager:
         return target
 
     def close(self) -> None:
-        if self._mngr is not None:
-            self._mngr.close()
-            self._mngr = None
+        """Closes Orbax's manager and releases the pins."""
+        try:
+            if self._mngr is not None:
+                with _orbax_leftovers_dropped():
+                    self._mngr.close()
+                self._mngr = None
+        finally:
+            for step in list(self._pins):
+                self._unpin(step)
+
+
+def _try_exclusive(path: str) -> int | None:
+    """An fd holding `path` locked exclusively (no reader pins it), or None."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except FileNotFoundError:  # no pins dir: nothing was ever pinned
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+@contextlib.contextmanager
+def _orbax_leftovers_dropped():
+    """Runs Orbax with its unfinished coroutines collected before returning, their
+    errors dropped (`console.orbax_leftover`) and any other unraisable exception passed
+    on (a failed restore's coroutines would print pages of "Exception ignored")."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not console.orbax_leftover(unraisable):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        gc.collect()  # the coroutines of a failed restore end here, under this hook
+        sys.unraisablehook = previous
 
 
 def _check_shapes(restored, abstract, step: int) -> None:

@@ -2,6 +2,7 @@
 
   console.say("step 5/20  loss 5.95 ...")     # progress and results: stdout, flushed
   console.warn("checkpoint step 20 ...")      # "warning: ..." on stderr
+  console.note("wrote WD/eval_20.json")       # beside data on stdout: stderr
   console.quiet_logs()                        # absl/Orbax/TFDS INFO logs off
 
 Only process 0 of a multi-process run prints. The entry points call `quiet_logs`
@@ -35,6 +36,13 @@ def warn(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
+def note(message: str) -> None:
+    """One line on stderr (process 0 only), for a command whose stdout is data (eval.py
+    prints its JSON there): where the result went, which step it came from."""
+    if jax.process_index() == 0:
+        print(message, file=sys.stderr, flush=True)
+
+
 def say_from_signal_handler(message: str) -> None:
     """`say` that is safe inside a signal handler (no re-entry into a buffered print)."""
     try:
@@ -49,15 +57,23 @@ class _DropLibraryRecords(logging.Filter):
         return not any(source in record.pathname for source in _QUIET_SOURCES)
 
 
+def orbax_leftover(unraisable) -> bool:
+    """An unraisable exception that is the checkpoint library's leftovers: a callback
+    landing after its event loop closed, or one of Orbax's read coroutines closed
+    unfinished after a restore failed (it raises from its GeneratorExit). The failure
+    itself is reported as one line; these would add pages of "Exception ignored"."""
+    error, code = unraisable.exc_value, getattr(unraisable.object, "cr_code", None)
+    if isinstance(error, RuntimeError) and "Event loop is closed" in str(error):
+        return True
+    return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+
+
 def _drop_closed_loop_noise(previous):
-    """An unraisable-exception hook that drops asyncio's "Event loop is closed" (a
-    checkpoint library's callbacks landing after its loop closed) and passes the rest."""
+    """An unraisable-exception hook that drops `orbax_leftover`s and passes the rest."""
 
     def hook(unraisable):
-        error = unraisable.exc_value
-        if isinstance(error, RuntimeError) and "Event loop is closed" in str(error):
-            return
-        previous(unraisable)
+        if not orbax_leftover(unraisable):
+            previous(unraisable)
 
     hook.drops_closed_loops = True
     return hook
@@ -65,7 +81,7 @@ def _drop_closed_loop_noise(previous):
 
 def quiet_logs() -> None:
     """absl logging at WARNING, Orbax/TFDS/Grain records and TFDS progress bars off,
-    asyncio's "Event loop is closed" noise off."""
+    Orbax's leftover unraisable exceptions (`orbax_leftover`) off."""
     from absl import logging as absl_logging
 
     absl_logging.set_verbosity(absl_logging.WARNING)

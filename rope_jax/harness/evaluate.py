@@ -8,11 +8,17 @@ Before anything is restored or compiled: the workdir must be writable, every spl
 score must hold tokens (`check_splits`), and an existing eval JSON of the same step and
 tag must have been made with the same settings (seq_lens, split, splits, num_batches),
 or else `overwrite` must be given: results made with other settings are never
-replaced silently.
+replaced silently. The result file is locked from that check to its write
+(`result_lock`), so a second evaluation of the same file at the same time is refused
+at once instead of overwriting the first's result. On a live run (train.py running in
+the workdir) the newest complete checkpoint is pinned until it is read: the trainer's
+rotation deletes it only afterwards (`checkpoint.Manager.pin`). Where the result went,
+and which step it came from, is one line on stderr (stdout holds the JSON).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -32,29 +38,75 @@ from rope_jax.nn import generate
 _RESULT_KEYS = ("step", "split", "train_seq_len", "settings")
 
 
+def pin_step(ckpt: checkpoint.Manager, step: int | None, live: bool) -> int:
+    """`step`, or the newest step (on a `live` run the newest whose save has finished),
+    pinned in the reader `ckpt`: a running trainer's rotation leaves it until it closes."""
+    if step is None:
+        step = ckpt.pin_newest(complete=live)
+        if step is None:
+            raise checkpoint.CheckpointError(f"no checkpoints in {ckpt.directory}")
+        return step
+    if step not in ckpt.steps():
+        raise checkpoint.CheckpointError(f"no checkpoint at step {step} in {ckpt.directory}")
+    ckpt.pin(step)
+    return step
+
+
 def restore(workdir: str, run, step: int | None, fallback: bool):
     """(step, state) of a checkpoint restored into the run's abstract target and verified.
 
-    With `fallback` (and no `step`), damaged newer steps are skipped with a warning.
+    With `fallback` (and no `step`), damaged newer steps are skipped with a warning. On a
+    live run (train.py running in `workdir`) the newest complete step is read, pinned
+    against the trainer's rotation while it is read.
     """
     ckpt = checkpoint.Manager(workdir, read_only=True)
     try:
-        if not ckpt.steps():
-            raise checkpoint.CheckpointError(f"no checkpoints in {ckpt.directory}")
-        if step is None and fallback:
-            step, state, _, skipped = ckpt.restore_latest_good(run.abstract)
-            for bad, why in skipped:
-                console.warn(f"skipped checkpoint step {bad}: {why}")
-        else:
-            step = ckpt.latest_step() if step is None else step
-            try:
-                state, _ = ckpt.restore(step, run.abstract)
-            except checkpoint.CheckpointError as e:
-                hint = "" if fallback else "; --fallback uses the newest intact step"
-                raise checkpoint.CheckpointError(f"{e}{hint}") from e
+        return _restore(ckpt, run, step, fallback, workdir_lib.running_holder(workdir) is not None)
     finally:
         ckpt.close()
+
+
+def _restore(ckpt: checkpoint.Manager, run, step: int | None, fallback: bool, live: bool):
+    """`restore` through the reader `ckpt` (its pins hold the step until it closes)."""
+    if step is None and fallback:
+        if not ckpt.steps():
+            raise checkpoint.CheckpointError(f"no checkpoints in {ckpt.directory}")
+        step, state, _, skipped = ckpt.restore_latest_good(run.abstract)
+        for bad, why in skipped:
+            console.warn(f"skipped checkpoint step {bad}: {why}")
+        return step, state
+    step = pin_step(ckpt, step, live)
+    try:
+        state, _ = ckpt.restore(step, run.abstract)
+    except checkpoint.CheckpointError as e:
+        hint = "" if fallback else "; --fallback uses the newest intact step"
+        raise checkpoint.CheckpointError(f"{e}{hint}") from e
     return step, state
+
+
+def result_lock(workdir: str, path: str) -> workdir_lib.Lock:
+    """The lock of one eval JSON, held from its check to its write: a second evaluation
+    of the same file is refused at once, not left to overwrite the first's result."""
+
+    def busy(_, holder):
+        return (
+            f"{path} is being made by another evaluation ({workdir_lib.describe_holder(holder)}"
+            "): wait for it to finish, or pass --tag=NAME to write eval_<step>_NAME.json beside it"
+        )
+
+    name = f".{os.path.basename(path)}.lock"
+    return workdir_lib.Lock(workdir, name=name, busy=busy, enabled=jax.process_index() == 0)
+
+
+def _hold(stack: contextlib.ExitStack, lock: workdir_lib.Lock) -> None:
+    """Takes `lock` (process 0) into `stack`; every process fails alike if it is held."""
+    error = None
+    try:
+        stack.enter_context(lock)
+    except workdir_lib.WorkdirError as e:
+        error = e
+    if distributed.any_process(error is not None):
+        raise error or workdir_lib.WorkdirError(f"{lock.path}: held by another evaluation")
 
 
 def check_splits(config, splits) -> None:
@@ -117,6 +169,35 @@ def with_rope_scaling(config, scaling=None, max_position_embeddings=None):
     return config
 
 
+def parse_seq_lens(values) -> list[int]:
+    """`--seq_lens` as positive integers (strings from the command line, or ints); one
+    line naming the flag otherwise."""
+    try:
+        lengths = [int(str(v).strip()) for v in values]
+    except ValueError:
+        lengths = []
+    if len(lengths) != len(values) or any(t <= 0 for t in lengths):
+        text = ",".join(str(v) for v in values)
+        raise ValueError(f"--seq_lens={text} must be positive integers, e.g. --seq_lens=256,1024")
+    return lengths
+
+
+def parse_rope_scaling(text: str | None) -> dict | None:
+    """`--rope_scaling` (a JSON object of rope_parameters keys) as a dict, or None."""
+    if text is None:
+        return None
+    example = """e.g. --rope_scaling='{"rope_type": "yarn", "factor": 4}'"""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"--rope_scaling={text} is not valid JSON ({e.msg} at character {e.pos + 1}); {example}"
+        ) from None
+    if not isinstance(value, dict):
+        raise ValueError(f"--rope_scaling={text} must be a JSON object; {example}")
+    return value
+
+
 def check_existing(path: str, settings: dict, overwrite: bool) -> None:
     """Refuses (one line) to replace `path` if it was made with other settings."""
     if overwrite or not os.path.exists(path):
@@ -163,9 +244,7 @@ def evaluate_checkpoint(
     config = with_rope_scaling(
         checkpoint.load_config(workdir), rope_scaling, max_position_embeddings
     )
-    seq_lens = [int(t) for t in seq_lens] or [config.data.seq_len, *config.eval.seq_lens]
-    if any(t <= 0 for t in seq_lens):
-        raise ValueError(f"--seq_lens={seq_lens} must be positive")
+    seq_lens = parse_seq_lens(seq_lens) or [config.data.seq_len, *config.eval.seq_lens]
     split = split or config.data.eval_split
     splits = list(config.eval.get("splits", ()) if splits is None else splits)
     num_batches = config.eval.num_batches if num_batches is None else num_batches
@@ -178,35 +257,55 @@ def evaluate_checkpoint(
     if passkey_examples:
         check_passkey(config, seq_lens, passkey_examples)
     workdir_lib.check_writable(workdir)
-    if step is not None or not fallback:
-        step = _newest(workdir) if step is None else step
-        check_existing(eval_path(workdir, step, tag), settings, overwrite)
-    distributed.process_0_first(data.ensure_built, config.data)  # no concurrent builds
-    checkpoint.check_tokenizer(workdir, data.kind(config.data).tokenizer())
-    run = setup.build(config)
-    check_splits(config, [split, *splits])
-    step, state = restore(workdir, run, step, fallback)
-    path = eval_path(workdir, step, tag)
-    check_existing(path, settings, overwrite)  # the step --fallback found
-    result = {"step": int(step), "split": split, "train_seq_len": config.data.seq_len}
-    for seq_len in seq_lens:
-        result[str(seq_len)] = setup.evaluate(
-            run, state["params"], config, split=split, seq_len=seq_len, num_batches=num_batches
-        )
-        if passkey_examples:
-            result[str(seq_len)].update(passkey_accuracy(
+    live = workdir_lib.running_holder(workdir)  # train.py is running there now
+    with contextlib.ExitStack() as stack:
+        ckpt = checkpoint.Manager(workdir, read_only=True)
+        stack.callback(ckpt.close)  # the pins go with it
+        if step is not None or not fallback:  # the step is known: refuse at once
+            step = pin_step(ckpt, step, live is not None)
+            _hold(stack, result_lock(workdir, eval_path(workdir, step, tag)))
+            check_existing(eval_path(workdir, step, tag), settings, overwrite)
+        distributed.process_0_first(data.ensure_built, config.data)  # no concurrent builds
+        checkpoint.check_tokenizer(workdir, data.kind(config.data).tokenizer())
+        run = setup.build(config)
+        check_splits(config, [split, *splits])
+        known = step
+        step, state = _restore(ckpt, run, step, fallback, live is not None)
+        ckpt.close()  # the state is in memory: rotation may take the step now
+        path = eval_path(workdir, step, tag)
+        if known is None:  # the step --fallback found
+            _hold(stack, result_lock(workdir, path))
+            check_existing(path, settings, overwrite)
+        result = {"step": int(step), "split": split, "train_seq_len": config.data.seq_len}
+        for seq_len in seq_lens:
+            result[str(seq_len)] = setup.evaluate(
                 run, state["params"], config, split=split, seq_len=seq_len,
-                num_examples=passkey_examples))  # fmt: skip
-        logging.info("step %d, seq_len %d: %s", step, seq_len, result[str(seq_len)])
-    for name in splits:
-        result[name] = setup.evaluate(
-            run, state["params"], config, split=name, num_batches=num_batches
-        )
-        logging.info("step %d, split %s: %s", step, name, result[name])
-    if jax.process_index() == 0:
-        workdir_lib.write_atomic(path, json.dumps({**result, "settings": settings}, indent=2))
+                num_batches=num_batches,
+            )  # fmt: skip
+            if passkey_examples:
+                result[str(seq_len)].update(passkey_accuracy(
+                    run, state["params"], config, split=split, seq_len=seq_len,
+                    num_examples=passkey_examples))  # fmt: skip
+            logging.info("step %d, seq_len %d: %s", step, seq_len, result[str(seq_len)])
+        for name in splits:
+            result[name] = setup.evaluate(
+                run, state["params"], config, split=name, num_batches=num_batches
+            )
+            logging.info("step %d, split %s: %s", step, name, result[name])
+        if jax.process_index() == 0:
+            workdir_lib.write_atomic(path, json.dumps({**result, "settings": settings}, indent=2))
     console.say(json.dumps(result, indent=2))  # process 0 only
+    console.note(f"evaluated step {step} of {ckpt.directory}{_live_note(live)}; wrote {path}")
     return result
+
+
+def _live_note(live: dict | None) -> str:
+    if live is None:
+        return ""
+    return (
+        f" (train.py is running there, {workdir_lib.describe_holder(live)}: its newest "
+        "complete checkpoint, pinned against rotation while it was read)"
+    )
 
 
 def check_passkey(config, seq_lens, num_examples) -> None:
@@ -249,17 +348,6 @@ def without_corpus(config):
     for key in ("name", "files", "tokenizer", "packing"):
         config.data[key] = defaults[key]
     return config
-
-
-def _newest(workdir: str) -> int:
-    ckpt = checkpoint.Manager(workdir, read_only=True)
-    try:
-        step = ckpt.latest_step()
-    finally:
-        ckpt.close()
-    if step is None:
-        raise checkpoint.CheckpointError(f"no checkpoints in {ckpt.directory}")
-    return step
 
 
 def generate_text(

@@ -5,7 +5,8 @@ checked writable, the config is checked, every split the run will evaluate is ch
 to hold tokens, and a resumed run's config is compared with its config.json
 (`checkpoint.check_resume`). config.json is written only once the run has started
 (first step done, or checkpoint restored), so a run that fails at once leaves the
-workdir as it was.
+workdir as it was. Then the metric files drop what the checkpoint does not cover (rows
+of later steps, from before a restart: `metrics.MetricWriter`).
 
 Restarting in the same workdir resumes from the newest checkpoint (parameters,
 optimiser, data position), verified against its checksums; with `fallback`, damaged
@@ -257,7 +258,7 @@ class _Session:
         if self.changes:
             console.warn(f"config changed at step {step} ({'; '.join(self.changes)}); "
                          f"the previous config is kept in {kept}")  # fmt: skip
-        self.writer = metrics.MetricWriter(self.workdir)
+        self.writer = metrics.MetricWriter(self.workdir, resumed_at=step)
 
     def write(self, step: int, values: dict, prefix: str = "") -> None:
         self.writer.write(step, values, prefix=prefix)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -120,17 +121,28 @@ def evaluate(eval_step: Callable, params, batches: Iterable[dict], task_names=()
 
 
 class MetricWriter:
-    """Appends metrics to <workdir>/metrics.jsonl and TensorBoard event files."""
+    """Appends metrics to <workdir>/metrics.jsonl and TensorBoard event files.
 
-    def __init__(self, workdir: str, *, enabled: bool = True):
+    A run resumed at step `resumed_at` (0: nothing restored) first drops what its
+    checkpoint does not cover, the records of later steps (written before a restart),
+    so no step is logged twice: metrics.jsonl keeps the rows up to that step, and when
+    any were dropped the TensorBoard event files are rewritten from the rows kept.
+    """
+
+    def __init__(self, workdir: str, *, enabled: bool = True, resumed_at: int = 0):
         self.enabled = enabled and jax.process_index() == 0
         self._tb = None
         if self.enabled:
             os.makedirs(workdir, exist_ok=True)
+            kept = truncate_after(workdir, resumed_at)
             self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")  # noqa: SIM115
             from tensorboardX import SummaryWriter
 
             self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+            if kept is not None:
+                for record in kept:
+                    self._add_scalars(record)
+                self._tb.flush()
 
     def write(self, step: int, metrics: dict, *, prefix: str = "") -> None:
         if not self.enabled:
@@ -139,9 +151,13 @@ class MetricWriter:
         record = {"step": int(step), "time": time.time(), **scalars}
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
-        for key, value in scalars.items():
-            self._tb.add_scalar(key, value, step)
+        self._add_scalars(record)
         self._tb.flush()
+
+    def _add_scalars(self, record: dict) -> None:
+        for key, value in record.items():
+            if key not in ("step", "time"):
+                self._tb.add_scalar(key, value, record["step"], walltime=record.get("time"))
 
     def close(self) -> None:
         if self.enabled:
@@ -161,3 +177,33 @@ def read_jsonl(workdir: str) -> list[dict]:
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def truncate_after(workdir: str, step: int) -> list[dict] | None:
+    """Drops the records of steps after `step` from <workdir>/metrics.jsonl (and a last
+    line cut short by a kill) and, if any went or nothing was restored (`step` 0), the
+    TensorBoard event files under <workdir>/tb. Returns the records kept when the event
+    files went (to write them again), else None."""
+    from rope_jax.harness import workdir as workdir_lib
+
+    path = os.path.join(workdir, "metrics.jsonl")
+    lines = []
+    if os.path.exists(path):
+        with open(path) as f:
+            lines = [line for line in f if line.strip()]
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut short when the run was killed
+        if isinstance(record, dict) and int(record.get("step", 0)) <= step:
+            kept.append(record)
+    if len(kept) != len(lines):
+        workdir_lib.write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+    events = glob.glob(os.path.join(workdir, "tb", "events.out.tfevents.*"))
+    if events and (len(kept) != len(lines) or step == 0):
+        for event_file in events:
+            os.remove(event_file)
+        return kept
+    return None

@@ -40,10 +40,14 @@ class Lock:
     so is the workdir if this lock created it and nothing else was written there.
     """
 
-    def __init__(self, workdir: str, *, enabled: bool = True):
+    def __init__(self, workdir: str, *, enabled: bool = True, name: str = LOCK_FILE,
+                 busy=None):  # fmt: skip
+        """`name`: the lock file in the workdir (another name locks something else, e.g.
+        one result file); `busy(workdir, holder record)`: the refusal's message."""
         self.workdir = os.path.abspath(workdir)
-        self.path = os.path.join(self.workdir, LOCK_FILE)
+        self.path = os.path.join(self.workdir, name)
         self.enabled = enabled
+        self.busy = busy or busy_message
         self.stale: dict | None = None
         self._fd: int | None = None
         self._created = False
@@ -70,8 +74,8 @@ class Lock:
                 holder = _read_record(fd)
                 os.close(fd)
                 self._remove_created_dir()
-                raise WorkdirError(busy_message(self.workdir, holder)) from None
-            if _is_current(fd, self.path):  # not unlinked by a holder releasing meanwhile
+                raise WorkdirError(self.busy(self.workdir, holder)) from None
+            if is_current(fd, self.path):  # not unlinked by a holder releasing meanwhile
                 self._fd = fd
             else:
                 os.close(fd)
@@ -106,6 +110,31 @@ def holder_record() -> dict:
             "since": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
 
 
+def running_holder(workdir: str) -> dict | None:
+    """The holder record of a run that is training in `workdir` now (its lock file is
+    there and its process alive; a holder on another host counts as alive), else None.
+    Reads the record without locking: a run starting meanwhile is never refused."""
+    try:
+        fd = os.open(os.path.join(workdir, LOCK_FILE), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        record = _read_record(fd)
+    finally:
+        os.close(fd)
+    if not record or record.get("host") != socket.gethostname():
+        return record
+    try:
+        pid = int(record.get("pid", 0))
+        if pid > 0:
+            os.kill(pid, 0)
+    except ProcessLookupError:
+        return None  # a stale lock: the run is gone
+    except (PermissionError, ValueError, TypeError, OverflowError):
+        pass
+    return record
+
+
 def describe_holder(record: dict | None) -> str:
     if not record:
         return "holder unknown: it has just started"
@@ -119,7 +148,8 @@ def busy_message(workdir: str, holder: dict | None) -> str:
     )
 
 
-def _is_current(fd: int, path: str) -> bool:
+def is_current(fd: int, path: str) -> bool:
+    """Whether the open file `fd` is still the file at `path` (not unlinked meanwhile)."""
     try:
         return os.fstat(fd).st_ino == os.stat(path).st_ino
     except FileNotFoundError:
