@@ -240,3 +240,15 @@ def test_profile_finds_the_products_of_a_real_step(monkeypatch):
     found = sum(f for _, f in sp.kernel_table(hlo).values())
     model_flops = bench_shapes.step_flops(bench_shapes.shape("tiny"))
     assert model_flops <= found <= 1.05 * model_flops
+
+
+def test_products_bench_times_every_dense_layer_in_every_form(monkeypatch):
+    pb = _load("products_bench")
+    _micro_config(monkeypatch)
+    rows = pb.measure("tiny", repeats=1)
+    assert [r["name"] for r in rows] == ["q", "k, v", "o", "gate+up", "down", "head"]
+    assert all(r["seconds"][f] > 0 for r in rows for f in pb.FORMS)
+    # M x I x O of the o projection: B*T tokens, two contracted axes N, H into D.
+    assert rows[2]["flops"] == 3 * 2 * (2 * 8) * (2 * 8 * 16)
+    text = pb.report("tiny", rows, {"f32_gflops": 100.0, "bf16_gflops": 250.0}, "cmd")
+    assert "(2.50x)" in text and text.count("\n| ") == 1 + len(rows) + 1  # header, layers, total
