@@ -61,6 +61,23 @@ def load_tokenizer(directory: str) -> tokenizers.Tokenizer | None:
     return tokenizers.load_hf(path) if os.path.isfile(path) else None
 
 
+def adopt(config, directory: str, *, param_dtype: str | None = None):
+    """A copy of the run config `config` holding DIR's architecture
+    (`hf.config.ARCH_FIELDS`: shapes, norm epsilon, tied embeddings, biases, q/k norms,
+    rope base, scaling rule, L), with `param_dtype` replacing model.param_dtype when
+    given, and DIR's tokenizer.json as `data.tokenizer` when that is "" (the model's
+    ids). The run keeps its other model choices (sites, dtypes, attention kernel, ...)."""
+    fields = hf_config.model_fields(hf_config.read(directory))
+    config = config.copy_and_resolve_references()
+    hf_config.set_fields(config.model, fields)
+    if param_dtype is not None:
+        config.model.param_dtype = param_dtype
+    tokenizer = os.path.abspath(os.path.join(directory, TOKENIZER_FILE))
+    if not config.data.get("tokenizer", "") and os.path.isfile(tokenizer):
+        config.data.tokenizer = tokenizer
+    return config
+
+
 def load(directory: str, *, dtype: str = "float32", param_dtype: str | None = None):
     """(Decoder, its config.model, tokenizer or None) of an HF model directory.
 

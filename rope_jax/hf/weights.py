@@ -149,6 +149,14 @@ def _open(path: str):
         raise HFError(f"{path} is not a safetensors file ({type(e).__name__}: {e})") from None
 
 
+def checkpoint_dtype(directory: str) -> str:
+    """The dtype parameters of DIR are kept in (of its first tensor; `read` checks all)."""
+    files = tensor_files(directory)
+    name = sorted(files)[0]
+    code = _open(files[name]).get_slice(name).get_dtype()
+    return DTYPES.get(code, code)
+
+
 def read(directory: str, shapes: dict[str, tuple], *, tied: bool = False) -> tuple[dict, str]:
     """rope_jax parameter arrays {name: np.ndarray} for the parameter shapes `shapes`
     {name: shape}, and the checkpoint's dtype ("float32" | "bfloat16"; float16 becomes
