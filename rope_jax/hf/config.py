@@ -234,10 +234,10 @@ def check_exportable(model_cfg, *, num_axes: int = 1) -> None:
     m, rope = model_cfg, model_cfg.rope
     scaling = rope.get("scaling") or {}
     rules = [
-        ("model.rope.sites", rope.sites, sorted(rope.sites) == ["k", "q"],
-         "transformers rotates exactly q and k (sites v/o and NoPE have no HF class)"),
         ("model.attention.kv", model_lib.kv_mode(m), model_lib.kv_mode(m) == "separate",
          "tied K/V has no HF class"),
+        ("model.rope.sites", rope.sites, sorted(rope.sites) == ["k", "q"],
+         "transformers rotates exactly q and k (sites v/o and NoPE have no HF class)"),
         ("model.rope.learned", model_lib.learned_kind(m), model_lib.learned_kind(m) == "none",
          "learned rotations have no HF class"),
         ("model.rope.nope_every", rope.get("nope_every", 0), not rope.get("nope_every", 0),
