@@ -100,7 +100,7 @@ def model_fields(hf: dict) -> dict:
     _refuse_features(hf, name)
     heads = _int(hf, "num_attention_heads")
     embed = _int(hf, "hidden_size")
-    head_dim = hf.get("head_dim") or embed // heads
+    head_dim = _int(hf, "head_dim") if hf.get("head_dim") else embed // heads
     base, scaling = rope_parameters(hf, name, head_dim)
     return {
         "vocab_size": _int(hf, "vocab_size"),
@@ -150,9 +150,9 @@ def rope_parameters(hf: dict, name: str, head_dim: int) -> tuple[float, dict]:
     `rope_theta` + `rope_scaling`, with top-level `partial_rotary_factor` and
     `original_max_position_embeddings` (Phi-3 style) folded in, checked against the head."""
     source = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
-    params = dict(hf.get(source) or {})
     if not isinstance(hf.get(source) or {}, dict):
         raise HFError(f"config.json {source}={hf.get(source)!r} must be a JSON object")
+    params = dict(hf.get(source) or {})
     base = params.pop(_ROPE_BASE, None) or hf.get(_ROPE_BASE) or 10000.0
     for key in ("partial_rotary_factor", "original_max_position_embeddings"):
         if hf.get(key) is not None:  # top level: transformers gives it priority

@@ -40,21 +40,22 @@ def import_run(directory: str, workdir: str, config) -> str:
             )
         return f"{workdir} holds {directory} already (imported at step 0)"
     checks.check_config(config)
+    arrays = convert.read_params(directory, config.model)[0]  # every check before a build
+    tokenizer = convert.load_tokenizer(directory)
     run = setup.build(without_corpus(config), vocab_from_data=False)
     with sharding.use_mesh(run.mesh, run.rules):
         state = jax.jit(run.init_fn, out_shardings=run.shardings)()
-        state, line = transfer.apply(state, spec)
+        params, loaded, _ = transfer.merge(state["params"], arrays)
     os.makedirs(workdir, exist_ok=True)
     ckpt = checkpoint.Manager(workdir, keep=1)
     try:
-        ckpt.save(0, state, {"step": 0})
+        ckpt.save(0, {**state, "params": params}, {"step": 0})
     finally:
         ckpt.close()
-    tokenizer = convert.load_tokenizer(directory)
     if tokenizer is not None:
         checkpoint.save_tokenizer(workdir, tokenizer)
     checkpoint.save_config(workdir, config)  # last: a workdir with config.json is complete
-    return f"{line}; written to {os.path.abspath(workdir)} as step 0"
+    return f"imported {directory} ({len(loaded)} arrays) into {os.path.abspath(workdir)} as step 0"
 
 
 def export_run(workdir: str, out: str, *, step: int | None = None, overwrite: bool = False):
