@@ -6,6 +6,7 @@ r"""Evaluates a checkpoint of a training run on held-out data.
   python eval.py --workdir=runs/x --splits=test --tag=test   # eval_<step>_test.json
   python eval.py --workdir=runs/x --seq_lens=128,512 --passkey=100   # + passkey retrieval
   python eval.py --workdir=runs/x --generate --prompt="ROMEO:" --max_new_tokens=200
+  python eval.py --hf=path/to/hf_model --workdir=runs/m [--config=configs/lm.py] [--generate]
 
 Writes <workdir>/eval_<step>.json (eval_<step>_<tag>.json with --tag): per context
 length, loss (nats/token), perplexity, bits per byte, token count and top-1 accuracy
@@ -16,6 +17,9 @@ with answer accuracy overall and per task. An existing file made with other sett
 is never replaced unless --overwrite. The checkpoint is verified against its checksums.
 With --generate it instead prints the prompt and its continuation (greedy, or sampled
 with --temperature > 0), decoded with a key/value cache, up to the first EOS.
+With --hf, a Hugging Face model directory is first imported into --workdir as a run at
+step 0 (once; `rope_jax.hf`, docs/hf.md), whose data, eval and mesh sections come from
+--config (default configs/lm.py) and whose tokenizer is the model's tokenizer.json.
 Several processes run it like train.py (`srun python eval.py ...`; docs/cluster.md):
 each scores its own rows of every batch, the numbers are those of one process.
 """
@@ -23,8 +27,9 @@ each scores its own rows of every batch, the numbers are those of one process.
 from __future__ import annotations
 
 from absl import app, flags
+from ml_collections import config_flags
 
-from rope_jax.harness import cli, distributed
+from rope_jax.harness import cli, console, distributed
 from rope_jax.harness.evaluate import (
     evaluate_checkpoint,
     generate_text,
@@ -67,6 +72,12 @@ def define_flags():
     flags.DEFINE_integer("max_new_tokens", 200, "Tokens (bytes) to generate.")
     flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 = greedy.")
     flags.DEFINE_integer("seed", 0, "Sampling seed.")
+    flags.DEFINE_string(
+        "hf", None, "A Hugging Face model directory, imported into --workdir first."
+    )
+    config_flags.DEFINE_config_file(
+        "config", None, "With --hf: the run config giving data/eval/mesh; default configs/lm.py."
+    )
     distributed.define_flags()
 
 
@@ -82,6 +93,10 @@ def main(argv):
         cli.fail(e, cli.USAGE_ERROR)
     distributed.start()  # several processes: before anything touches a device
     try:
+        if FLAGS.hf:
+            from rope_jax.hf import run as hf_run
+
+            console.say(hf_run.import_run(FLAGS.hf, FLAGS.workdir, FLAGS.config or _lm_config()))
         if FLAGS.generate:
             generate_text(
                 FLAGS.workdir,
@@ -109,6 +124,12 @@ def main(argv):
         )
     except ValueError as e:  # CheckpointError, DataSourceError, WorkdirError, config errors
         cli.fail(e)
+
+
+def _lm_config():
+    from configs import lm  # the default config of --hf (eval.py runs from the repo root)
+
+    return lm.get_config()
 
 
 if __name__ == "__main__":

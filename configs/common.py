@@ -78,6 +78,8 @@ def base_config(size: str) -> ml_collections.ConfigDict:
     c.model.param_dtype = "float32"  # parameter (master weight) dtype
     c.model.patch_dim = 0  # input width of visual patch vectors; 0 = text only
     c.model.remat = "block" if size == "1b" else "none"  # none | block (recompute in backward)
+    c.model.norm_eps = 1e-6  # RMSNorm epsilon (Llama 2/3 checkpoints use 1e-5)
+    c.model.tie_embeddings = False  # True: the LM head is the embedding table (transposed)
 
     c.model.attention = ml_collections.ConfigDict()
     # kv = "separate" (default): own key and value projections. "tied": one latent per kv
@@ -88,6 +90,8 @@ def base_config(size: str) -> ml_collections.ConfigDict:
     # flash attention on GPU in bf16) | chunked (blockwise online softmax, O(T) memory,
     # any backend) | splash (TPU Pallas).
     c.model.attention.impl = "xla"
+    c.model.attention.qkv_bias = False  # biases on the q, k, v projections (Qwen2 checkpoints)
+    c.model.attention.qk_norm = False  # RMSNorm over H of each q and k head (Qwen3 checkpoints)
 
     c.model.rope = ml_collections.ConfigDict()
     c.model.rope.sites = "qk"  # rotated sites, a subset of "qkvo"; "" = NoPE
@@ -161,7 +165,9 @@ def base_config(size: str) -> ml_collections.ConfigDict:
     c.train.num_steps = 500  # optimiser steps
     c.train.num_tokens = 0  # token budget for the dry run's cost plan; 0 = steps x batch x T
     c.train.microbatches = 1  # k: each global batch is k sequential microbatches (accumulated)
-    c.train.init_from = ""  # WORKDIR[:STEP]: start from that run's matching parameters
+    # WORKDIR[:STEP]: start from that run's matching parameters; hf:DIR: from a Hugging Face
+    # model directory, whose architecture replaces the model section (docs/hf.md); "" = random
+    c.train.init_from = ""
     c.train.log_every_steps = 25  # progress line + metrics.jsonl + TensorBoard
     c.train.eval_every_steps = 250  # held-out evaluation; 0 = only at the end
     c.train.ckpt_every_steps = 250  # Orbax checkpoint; the last step is always saved

@@ -163,7 +163,9 @@ def _tuples(tree):
 # whose default is None need no entry: a missing field reads as None).
 _MODEL_DEFAULTS = {"attention.kv": "separate", "attention.impl": "xla",
                    "rope.nope_every": 0, "rope.global_every": 0,
-                   "rope.scaling.rope_type": "default", "rope.learned": "none"}  # fmt: skip
+                   "rope.scaling.rope_type": "default", "rope.learned": "none",
+                   "norm_eps": 1e-6, "tie_embeddings": False, "attention.qkv_bias": False,
+                   "attention.qk_norm": False}  # fmt: skip
 # Model fields that choose how the same parameters are computed, not what they are.
 _COMPUTE_ONLY = ("dtype", "attention.impl")
 

@@ -78,11 +78,17 @@ def rotation_params(model_cfg, num_axes: int = 1) -> int:
 
 
 def num_params(model_cfg, num_axes: int = 1) -> int:
-    """All parameters: `matmul_params` + the embedding table V*D + 2L + 1 norm scales of D
-    + `rotation_params` (A position axes: 1 for text)."""
+    """All parameters: `matmul_params` + the embedding table V*D (not again when the head
+    is the table, `tie_embeddings`) + 2L + 1 norm scales of D + `rotation_params` (A
+    position axes: 1 for text) + per layer the q/k/v biases (N + 2K)*H and q/k norm
+    scales 2*H when the model has them."""
     m = model_cfg
-    return (matmul_params(m) + m.vocab_size * m.embed_dim + (2 * m.num_layers + 1) * m.embed_dim
-            + rotation_params(m, num_axes))  # fmt: skip
+    table = 0 if model.tie_embeddings(m) else m.vocab_size * m.embed_dim
+    attention = m.get("attention") or {}
+    extra = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim if attention.get("qkv_bias") else 0
+    extra += 2 * m.head_dim if attention.get("qk_norm") else 0
+    return (matmul_params(m) + table + (2 * m.num_layers + 1) * m.embed_dim
+            + rotation_params(m, num_axes) + m.num_layers * extra)  # fmt: skip
 
 
 def attention_flops_per_token(model_cfg, seq_len: int) -> int:

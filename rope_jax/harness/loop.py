@@ -54,6 +54,7 @@ class NonFiniteLoss(RuntimeError):
 
 
 def print_dry_run(config) -> dict:
+    config = transfer.prepare(config)  # init_from=hf:DIR: the checkpoint's architecture
     report = setup.dry_run(config)
     gib = 2.0**30
     print(f"parameters: {report['parameters']:,}  devices: {report['devices']}  "
@@ -119,6 +120,7 @@ def train_and_evaluate(config, workdir: str, *, fallback: bool = False,
         mean (`checkpoint.RESUME_FIELDS`) differs from config.json; the old config is
         kept as config.<step>.json.
     """
+    config = transfer.prepare(config)  # init_from=hf:DIR: the checkpoint's architecture
     console.say(_headline(config, workdir))
     lock = workdir_lib.Lock(workdir, enabled=jax.process_index() == 0)
     with lock, Interrupts() as stop:

@@ -2,6 +2,7 @@
 
   --config.train.init_from=runs/text_lm          # its newest checkpoint
   --config.train.init_from=runs/text_lm:2000     # that step
+  --config.train.init_from=hf:path/to/model      # a Hugging Face model directory
 
 A fresh run (no checkpoint of its own yet) takes every parameter array of the other
 run whose name and shape match, keeps the fresh initialisation of the others (a patch
@@ -10,6 +11,10 @@ step 0 with a fresh optimiser state. One line reports what was loaded. Rotations
 no parameters, so a text model's weights serve any position layout: this is how a
 pretrained text LM is carried to interleaved image/video data. A run that resumes from
 its own checkpoint ignores `init_from`.
+
+`hf:DIR` reads DIR's config.json and safetensors (`rope_jax.hf`); the run first takes
+DIR's architecture (`prepare`), so every array loads, and DIR's tokenizer.json as its
+data's tokenizer when `data.tokenizer` is "".
 """
 
 from __future__ import annotations
@@ -18,15 +23,34 @@ import jax
 
 from rope_jax.harness import checkpoint, setup
 
+HF_PREFIX = "hf:"  # init_from=hf:DIR, a Hugging Face model directory
+
 
 class TransferError(ValueError):
     """An `init_from` that cannot be used (one line)."""
 
 
+def prepare(config):
+    """The run config to train: with `train.init_from=hf:DIR`, a copy holding DIR's
+    architecture (`rope_jax.hf.convert.adopt`); else `config` itself."""
+    spec = config.train.get("init_from", "")
+    if not spec.startswith(HF_PREFIX):
+        return config
+    from rope_jax.hf import convert  # only for hf: sources
+
+    try:
+        return convert.adopt(config, spec[len(HF_PREFIX) :])
+    except ValueError as e:
+        raise TransferError(f"train.init_from={spec!r}: {e}") from None
+
+
 def check(spec: str) -> None:
-    """A cheap first check, before anything is built: the workdir holds a run."""
+    """A cheap first check, before anything is built: the workdir holds a run (an hf:
+    source was read by `prepare`)."""
     import os
 
+    if spec.startswith(HF_PREFIX):
+        return
     workdir, _ = parse(spec)
     if not os.path.isfile(os.path.join(workdir, checkpoint.CONFIG_FILE)):
         raise TransferError(
@@ -43,9 +67,17 @@ def parse(spec: str) -> tuple[str, int | None]:
 
 
 def source_params(spec: str):
-    """(step, params) of the run named by `spec`, restored into its own model's shapes."""
+    """(step, params) of the run named by `spec`, restored into its own model's shapes
+    (step None and {name: host array} for hf:DIR)."""
     from rope_jax.harness.evaluate import restore, without_corpus
 
+    if spec.startswith(HF_PREFIX):
+        from rope_jax.hf import convert
+
+        try:
+            return None, convert.read_params(spec[len(HF_PREFIX) :])[0]
+        except ValueError as e:
+            raise TransferError(f"train.init_from={spec!r}: {e}") from None
     workdir, step = parse(spec)
     try:
         config = checkpoint.load_config(workdir)
@@ -90,7 +122,8 @@ def apply(state: dict, spec: str) -> tuple[dict, str]:
         if checkpoint.leaf_name(p) in set(names)
     )  # fmt: skip
     line = (
-        f"init_from {spec} (step {step}): loaded {len(loaded)} of {len(loaded) + len(kept)} "
+        f"init_from {spec}{'' if step is None else f' (step {step})'}: loaded {len(loaded)} of "
+        f"{len(loaded) + len(kept)} "
         f"parameter arrays ({size(loaded, params):,} of {size(loaded + kept, params):,} values)"
         + (f"; fresh: {', '.join(kept)}" if kept else "")
     )

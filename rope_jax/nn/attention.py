@@ -20,6 +20,10 @@ rotated once, c_j -> R_j c_j, and serves as both key and value; the output is ro
 back with R_i^T, so o_i = sum_j a_ij R_{j-i} c_j with a_ij from <R_i q_i, R_j c_j>
 (relative). A cache then holds only the rotated c: half the bytes of separate k and v.
 
+Checkpoint features (`qkv_bias`, `qk_norm`; Qwen2 and Qwen3): learned biases added to
+the q, k, v projections, and an RMSNorm over H of every q and k head (one scale [H] each,
+shared by the heads) after the projection and before any rotation.
+
 Learned rotations (`learned`, docs/maths.md#learned-rotations): the layer trains
 frequencies theta [K, P, A] ("freqs", "commuting") and a basis generator S [H, H]
 ("commuting"), float32 `nnx.Param`s named `learned.PARAM_NAMES` that start at the fixed
@@ -42,7 +46,7 @@ from flax import nnx
 from rope_jax import rotary, sharding
 from rope_jax.learned import KINDS, LearnedRotation, cayley, check_kind, initial_freqs
 from rope_jax.nn import kernels
-from rope_jax.nn.layers import dense_param
+from rope_jax.nn.layers import RMSNorm, dense_param
 from rope_jax.nn.products import dense
 from rope_jax.rotary import RopeSpec
 
@@ -241,7 +245,7 @@ def _check_shapes(q, k, v) -> None:
 
 
 class Attention(nnx.Module):
-    """Causal GQA self-attention with rotation sites (no biases).
+    """Causal GQA self-attention with rotation sites (q/k/v biases and q/k norms optional).
 
     Parameters (logical axes): q [D, N, H] (embed, heads, head_dim), k and v [D, K, H]
     (embed, kv_heads, head_dim), o [N, H, D] (heads, head_dim, embed). With kv="tied" a
@@ -253,6 +257,10 @@ class Attention(nnx.Module):
     rope_freqs [K, P, A] (kv_heads, -, -) for "freqs" and "commuting" and rope_basis
     [H, H] (-, -) for "commuting", float32 whatever `param_dtype` (they feed the float32
     phase), initialised to the fixed rotation of `rope` over `num_axes` position axes.
+
+    `qkv_bias` adds q_bias [N*H], k_bias and v_bias [K*H] (zeros at init, flat as in HF
+    checkpoints: no weight decay); `qk_norm` adds q_norm and k_norm, RMSNorms of scale [H]
+    with epsilon `norm_eps`. Both need kv="separate".
     """
 
     def __init__(
@@ -269,6 +277,9 @@ class Attention(nnx.Module):
         nope: bool = False,
         learned: str = "none",
         num_axes: int = 1,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
         dtype=jnp.float32,
         param_dtype=jnp.float32,
         out_scale: float = 1.0,
@@ -279,6 +290,8 @@ class Attention(nnx.Module):
                 f"num_heads={num_heads} is not divisible by num_kv_heads={num_kv_heads}"
             )
         check_kv(kv, check_sites(sites))
+        if kv != "separate" and (qkv_bias or qk_norm):
+            raise ValueError(f"qkv_bias and qk_norm need kv='separate', got kv={kv!r}")
         self.sites = "" if nope else sites  # the sites this layer rotates
         self.rope = RopeSpec.of(rope)
         self.kv, self.impl = kv, kernels.check_impl(impl)
@@ -312,6 +325,15 @@ class Attention(nnx.Module):
             fan_in=n * h,
             scale=out_scale,
         )
+        bias = lambda size: nnx.Param(
+            jnp.zeros((size,), param_dtype), out_sharding=(None,), eager_sharding=False
+        )
+        self.q_bias = bias(n * h) if qkv_bias else None
+        self.k_bias = bias(kh * h) if qkv_bias else None
+        self.v_bias = bias(kh * h) if qkv_bias else None
+        norm = dict(eps=norm_eps, dtype=dtype, param_dtype=param_dtype, axis="head_dim")
+        self.q_norm = RMSNorm(h, **norm) if qk_norm else None
+        self.k_norm = RMSNorm(h, **norm) if qk_norm else None
 
     def rotation(self) -> RopeSpec | LearnedRotation:
         """What this layer rotates by: its spec, or the learned rotation of its parameters."""
@@ -328,6 +350,13 @@ class Attention(nnx.Module):
             k = v = proj(self.kv_proj)
         else:
             k, v = proj(self.k_proj), proj(self.v_proj)
+        w = lambda p: p[...].astype(self.dtype)
+        if self.q_bias is not None:  # flat [N*H] / [K*H] as in checkpoints
+            q = q + w(self.q_bias).reshape(q.shape[2:])
+            k = k + w(self.k_bias).reshape(k.shape[2:])
+            v = v + w(self.v_bias).reshape(v.shape[2:])
+        if self.q_norm is not None:  # per head, before any rotation
+            q, k = self.q_norm(q), self.k_norm(k)
         q = sharding.constrain(q, ("batch", "seq", "heads", "head_dim"))
         k = sharding.constrain(k, ("batch", "seq", "kv_heads", "head_dim"))
         return q, k, (k if self.kv == "tied" else v)

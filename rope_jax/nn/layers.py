@@ -28,11 +28,14 @@ def dense_param(rngs: nnx.Rngs, shape, names, *, fan_in: int, dtype, scale: floa
 
 
 class RMSNorm(nnx.Module):
-    """x / rms(x) * scale, computed in float32."""
+    """x / rms(x) * scale over the last axis, computed in float32; `axis` names the
+    scale's logical axis ("embed" for the residual stream, "head_dim" for q/k heads)."""
 
-    def __init__(self, dim: int, *, eps: float = 1e-6, dtype=jnp.float32, param_dtype):
+    def __init__(
+        self, dim: int, *, eps: float = 1e-6, dtype=jnp.float32, param_dtype, axis: str = "embed"
+    ):
         self.scale = nnx.Param(
-            jnp.ones((dim,), param_dtype), out_sharding=("embed",), eager_sharding=False
+            jnp.ones((dim,), param_dtype), out_sharding=(axis,), eager_sharding=False
         )
         self.eps, self.dtype = eps, dtype
 

@@ -2,7 +2,7 @@
 
   x = embed(tokens)            (patch vectors replace token embeddings where is_patch)
   for each block:  x = x + attn(norm(x));  x = x + mlp(norm(x))
-  logits = head(norm(x))       (untied, float32)
+  logits = head(norm(x))       (float32; head = embed^T with model.tie_embeddings)
 
 `cfg` is `config.model`; `check_config` validates it before anything is built or
 compiled. The number of position axes A is not a model field: the data decides it
@@ -10,7 +10,10 @@ compiled. The number of position axes A is not a model field: the data decides i
 training length `train_seq_len` (the data's `seq_len`) is the default of
 `model.rope.max_position_embeddings`, the length context-scaling rules scale from.
 Parameters are stored in `param_dtype` and cast to the compute `dtype` at use; norms,
-softmax and logits are float32.
+softmax and logits are float32. Every RMSNorm uses `model.norm_eps` (1e-6 when a config
+predates the field). The fields that published checkpoints need (`rope_jax.hf`):
+`model.tie_embeddings` (the head is the embedding table), `model.attention.qkv_bias`
+(Qwen2) and `model.attention.qk_norm` (Qwen3), all off by default.
 
 Rotation per layer (`layer_rotations`, docs/maths.md#context-scaling): every layer uses
 the spec of `cfg.rope` (base, ladder, layout, allocation, sections, scaling,
@@ -80,6 +83,16 @@ def check_config(cfg, num_axes: int = 1, *, train_seq_len: int | None = None) ->
     _choice("dtype", cfg.dtype, DTYPES)
     _choice("param_dtype", cfg.param_dtype, DTYPES)
     _choice("remat", cfg.get("remat", "none"), REMAT)
+    eps = norm_eps(cfg)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+        _fail("norm_eps", eps, "must be a number in (0, 1) (the RMSNorm epsilon)")
+    for field, value in (("tie_embeddings", tie_embeddings(cfg)),
+                         ("attention.qkv_bias", _attention(cfg, "qkv_bias", False)),
+                         ("attention.qk_norm", _attention(cfg, "qk_norm", False))):  # fmt: skip
+        if not isinstance(value, bool):
+            _fail(field, value, "must be True or False")
+        if value and field.startswith("attention.") and kv_mode(cfg) != "separate":
+            _fail(field, value, f"needs model.attention.kv='separate' (got {kv_mode(cfg)!r})")
     patch_dim = cfg.get("patch_dim", 0) or 0
     if not isinstance(patch_dim, int) or patch_dim < 0:
         _fail("patch_dim", patch_dim, "must be a non-negative integer (0 = text only)")
@@ -219,8 +232,23 @@ def _check_num_axes(num_axes) -> None:
 
 def kv_mode(cfg) -> str:
     """`model.attention.kv`; "separate" when the config predates the field."""
+    return _attention(cfg, "kv", "separate")
+
+
+def _attention(cfg, field: str, default):
+    """`model.attention.<field>`, or `default` when the config predates it."""
     attention = cfg.get("attention") or {}
-    return attention.get("kv", "separate")
+    return attention.get(field, default)
+
+
+def norm_eps(cfg) -> float:
+    """`model.norm_eps`, the RMSNorm epsilon; 1e-6 when the config predates the field."""
+    return cfg.get("norm_eps", 1e-6)
+
+
+def tie_embeddings(cfg) -> bool:
+    """`model.tie_embeddings`: the LM head is the embedding table; False when absent."""
+    return cfg.get("tie_embeddings", False)
 
 
 def attention_impl(cfg) -> str:
@@ -244,7 +272,7 @@ class Block(nnx.Module):
         `num_axes`: the position axes A (the shape of learned frequencies)."""
         dtype, param_dtype = DTYPES[cfg.dtype], DTYPES[cfg.param_dtype]
         out_scale = 1.0 / math.sqrt(2 * cfg.num_layers)  # residual branches (GPT-2 style)
-        norm = dict(dtype=dtype, param_dtype=param_dtype)
+        norm = dict(eps=norm_eps(cfg), dtype=dtype, param_dtype=param_dtype)
         self.attn_norm = RMSNorm(cfg.embed_dim, **norm)
         self.attn = Attention(
             cfg.embed_dim,
@@ -258,6 +286,9 @@ class Block(nnx.Module):
             num_axes=num_axes,
             kv=kv_mode(cfg),
             impl=attention_impl(cfg),
+            qkv_bias=_attention(cfg, "qkv_bias", False),
+            qk_norm=_attention(cfg, "qk_norm", False),
+            norm_eps=norm_eps(cfg),
             dtype=dtype,
             param_dtype=param_dtype,
             out_scale=out_scale,
@@ -287,7 +318,8 @@ class Block(nnx.Module):
 
 
 class Decoder(nnx.Module):
-    """Token (and patch) embedding, `num_layers` blocks, final norm, untied head.
+    """Token (and patch) embedding, `num_layers` blocks, final norm, head (untied unless
+    `model.tie_embeddings`: then `head` is None and the logits use `embed`).
 
     `num_axes` is A, the number of position axes of the data (1 text, 2 image, 3 video);
     `train_seq_len` the training length, the default of `model.rope.max_position_embeddings`.
@@ -319,8 +351,12 @@ class Decoder(nnx.Module):
             else None
         )
         self.blocks = nnx.List([Block(cfg, rope, num_axes=num_axes, rngs=rngs) for rope in ropes])
-        self.norm = RMSNorm(d, dtype=self.dtype, param_dtype=param_dtype)
-        self.head = dense_param(rngs, (d, v), ("embed", "vocab"), dtype=param_dtype, fan_in=d)
+        self.norm = RMSNorm(d, eps=norm_eps(cfg), dtype=self.dtype, param_dtype=param_dtype)
+        self.head = (
+            None
+            if tie_embeddings(cfg)
+            else dense_param(rngs, (d, v), ("embed", "vocab"), dtype=param_dtype, fan_in=d)
+        )
 
     def __call__(
         self, tokens, positions=None, *, patches=None, is_patch=None, segments=None
@@ -371,7 +407,8 @@ class Decoder(nnx.Module):
 
     def _logits(self, x) -> jax.Array:
         x = self.norm(x)
-        logits = dense(x, self.head[...], dtype=self.dtype, out_dtype=jnp.float32)  # [B, T, V]
+        head = self.embed[...].T if self.head is None else self.head[...]  # [D, V]; tied: E^T
+        logits = dense(x, head, dtype=self.dtype, out_dtype=jnp.float32)  # [B, T, V]
         return sharding.constrain(logits, ("batch", "seq", "vocab"))
 
     # ------------------------------------------------------------ decoding cache

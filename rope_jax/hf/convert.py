@@ -1,0 +1,152 @@
+"""A Hugging Face model directory <-> a rope_jax `Decoder` (no harness, no torch).
+
+    from rope_jax import hf
+    model, model_cfg, tok = hf.load("path/to/Llama-3.2-1B")   # Decoder, config.model, tokenizer
+    logits = model(tokens)                                      # [B, T, V] float32
+    hf.save("out/", model, model_cfg, max_position_embeddings=8192, tokenizer=tok)
+
+`load` reads config.json (`hf.config`), the safetensors (`hf.weights`) and, when there
+is one, tokenizer.json (`rope_jax.data.tokenizers`); parameters keep the checkpoint's
+dtype (bfloat16 stays bfloat16) unless `param_dtype` is given. `save` writes
+config.json, model.safetensors and tokenizer.json that `transformers`
+`AutoModelForCausalLM.from_pretrained` loads as the same model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rope_jax.data import tokenizers
+from rope_jax.hf import config as hf_config
+from rope_jax.hf import weights
+from rope_jax.nn import model as model_lib
+
+TOKENIZER_FILE = tokenizers.HF_FILE  # tokenizer.json
+
+
+def param_name(path) -> str:
+    """ "blocks.0.attn.q_proj" for an NNX state path."""
+    return ".".join(str(getattr(key, "key", key)) for key in path)
+
+
+def abstract_model(model_cfg):
+    """The Decoder of `model_cfg` as ShapeDtypeStructs (nothing allocated)."""
+    return nnx.eval_shape(lambda: model_lib.Decoder(model_cfg, rngs=nnx.Rngs(0)))
+
+
+def param_shapes(model_cfg) -> dict[str, tuple]:
+    """{parameter name: shape} of the Decoder of `model_cfg`."""
+    state = nnx.state(abstract_model(model_cfg), nnx.Param)
+    return {param_name(path): tuple(var.shape) for path, var in nnx.to_flat_state(state)}
+
+
+def read_params(directory: str, model_cfg=None) -> tuple[dict[str, np.ndarray], str]:
+    """({parameter name: array}, the checkpoint's dtype) of an HF directory; `model_cfg`
+    defaults to the one its config.json describes."""
+    if model_cfg is None:
+        model_cfg = hf_config.model_config(hf_config.read(directory))
+    shapes = param_shapes(model_cfg)
+    return weights.read(directory, shapes, tied=model_lib.tie_embeddings(model_cfg))
+
+
+def load_tokenizer(directory: str) -> tokenizers.Tokenizer | None:
+    """The directory's tokenizer.json as a rope_jax tokenizer, or None when it has none."""
+    path = os.path.join(directory, TOKENIZER_FILE)
+    return tokenizers.load_hf(path) if os.path.isfile(path) else None
+
+
+def adopt(config, directory: str, *, param_dtype: str | None = None):
+    """A copy of the run config `config` holding DIR's architecture
+    (`hf.config.ARCH_FIELDS`: shapes, norm epsilon, tied embeddings, biases, q/k norms,
+    rope base, scaling rule, L), with `param_dtype` replacing model.param_dtype when
+    given, and DIR's tokenizer.json as `data.tokenizer` when that is "" (the model's
+    ids). The run keeps its other model choices (sites, dtypes, attention kernel, ...)."""
+    fields = hf_config.model_fields(hf_config.read(directory))
+    config = config.copy_and_resolve_references()
+    hf_config.set_fields(config.model, fields)
+    if param_dtype is not None:
+        config.model.param_dtype = param_dtype
+    tokenizer = os.path.abspath(os.path.join(directory, TOKENIZER_FILE))
+    if not config.data.get("tokenizer", "") and os.path.isfile(tokenizer):
+        config.data.tokenizer = tokenizer
+    return config
+
+
+def load(directory: str, *, dtype: str = "float32", param_dtype: str | None = None):
+    """(Decoder, its config.model, tokenizer or None) of an HF model directory.
+
+    `dtype` is the compute dtype; `param_dtype` None keeps the checkpoint's (float16
+    checkpoints become float32). HFError (one line) for what cannot be read.
+    """
+    hf = hf_config.read(directory)
+    model_cfg = hf_config.model_config(hf, dtype=dtype)
+    arrays, stored = read_params(directory, model_cfg)
+    model_cfg.param_dtype = param_dtype or stored
+    graphdef, state = nnx.split(abstract_model(model_cfg), nnx.Param)
+    put = lambda path, var: jnp.asarray(arrays[param_name(path)], var.dtype)
+    flat = [(path, var.replace(put(path, var))) for path, var in nnx.to_flat_state(state)]
+    model = nnx.merge(graphdef, nnx.from_flat_state(flat))
+    return model, model_cfg, load_tokenizer(directory)
+
+
+def flat_params(params) -> dict[str, np.ndarray]:
+    """{parameter name: host array} of a Decoder or its `nnx.State` of parameters."""
+    if isinstance(params, nnx.Module):
+        params = nnx.state(params, nnx.Param)
+    flat = nnx.to_flat_state(params)
+    host = jax.device_get([var.get_value() for _, var in flat])
+    return {param_name(path): np.asarray(x) for (path, _), x in zip(flat, host, strict=True)}
+
+
+def rotated_dims(model_cfg) -> int:
+    """The head numbers the rotation pairs live in: H, or int(H * partial_rotary_factor)
+    (the whole head for `proportional`, which zeroes the other pairs' frequencies)."""
+    scaling = model_cfg.rope.get("scaling") or {}
+    partial = scaling.get("partial_rotary_factor") or 1.0
+    if scaling.get("rope_type") == "proportional":
+        return model_cfg.head_dim
+    return int(model_cfg.head_dim * partial)
+
+
+def save(directory: str, params, model_cfg, *, max_position_embeddings: int, tokenizer=None,
+         num_axes: int = 1) -> list[str]:  # fmt: skip
+    """Writes config.json, model.safetensors and (an HF tokenizer given) tokenizer.json.
+
+    `params`: a Decoder or its parameter state; `max_position_embeddings`: L of the
+    config.json (rope_jax's `model.rope.max_position_embeddings`, else the training
+    length). HFError naming the setting when HF's classes cannot express the model
+    (`hf.config.check_exportable`). Returns the files written.
+    """
+    hf_config.check_exportable(model_cfg, num_axes=num_axes)
+    arrays = flat_params(params)
+    if model_cfg.rope.layout == "interleaved":  # to HF's rotate_half pairs
+        h, rotated = model_cfg.head_dim, rotated_dims(model_cfg)
+        arrays = {name: weights.to_half(name, x, h, rotated) for name, x in arrays.items()}
+    dtypes = {str(x.dtype) for x in arrays.values()}
+    dtype = "bfloat16" if dtypes == {"bfloat16"} else "float32"
+    arrays = {name: x.astype(dtype) for name, x in arrays.items()}
+    special = {}
+    if tokenizer is not None:
+        special = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
+                   "pad_token_id": tokenizer.pad_id}  # fmt: skip
+    hf = hf_config.to_hf(model_cfg, max_position_embeddings=max_position_embeddings,
+                         dtype=dtype, special_ids=special)  # fmt: skip
+    os.makedirs(directory, exist_ok=True)
+    files = [weights.write(directory, arrays)]
+    path = os.path.join(directory, hf_config.CONFIG_FILE)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(hf, f, indent=2, sort_keys=True)
+        f.write("\n")
+    files.append(path)
+    if tokenizer is not None and tokenizer.kind == "hf":
+        path = os.path.join(directory, TOKENIZER_FILE)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(tokenizer.to_str())
+        files.append(path)
+    return files

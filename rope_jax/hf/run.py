@@ -1,0 +1,86 @@
+"""Hugging Face checkpoints in the harness: runs start from them, workdirs export to them.
+
+  --config.train.init_from=hf:DIR        train.py: a fresh run starts from DIR's weights
+  python eval.py --hf=DIR --workdir=W    DIR imported into W once (step 0), then evaluated
+  python -m rope_jax.hf export --workdir=W [--step=S] --out=DIR
+
+A run started from DIR has DIR's architecture (`hf.convert.adopt`): the run config
+keeps its own choices of the rest (sites, dtypes, attention kernel, ...).
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+
+from rope_jax import data, sharding
+from rope_jax.harness import checkpoint, checks, console, setup, transfer
+from rope_jax.harness.evaluate import restore, without_corpus
+from rope_jax.hf import config as hf_config
+from rope_jax.hf import convert, weights
+
+
+def import_run(directory: str, workdir: str, config) -> str:
+    """Writes DIR as a run in `workdir` (config.json, tokenizer/, the step-0 checkpoint:
+    parameters in the checkpoint's dtype, a fresh optimiser state), so that eval.py and
+    every workdir tool read it; a workdir that already holds DIR's import is reused.
+    `config` gives the data, eval and mesh sections. Returns one line saying what was done.
+    """
+    spec = transfer.HF_PREFIX + os.path.abspath(directory)
+    config = convert.adopt(config, directory)  # reads config.json: its errors come first
+    config.model.param_dtype = weights.checkpoint_dtype(directory)  # bfloat16 stays
+    config.train.init_from = spec
+    if os.path.isfile(os.path.join(workdir, checkpoint.CONFIG_FILE)):
+        saved = checkpoint.load_config(workdir)
+        if saved.train.get("init_from", "") != spec:
+            raise hf_config.HFError(
+                f"{workdir!r} holds another run (its train.init_from is "
+                f"{saved.train.get('init_from', '')!r}): use a new --workdir for {directory}"
+            )
+        return f"{workdir} holds {directory} already (imported at step 0)"
+    checks.check_config(config)
+    arrays = convert.read_params(directory, config.model)[0]  # every check before a build
+    tokenizer = convert.load_tokenizer(directory)
+    run = setup.build(without_corpus(config), vocab_from_data=False)
+    with sharding.use_mesh(run.mesh, run.rules):
+        state = jax.jit(run.init_fn, out_shardings=run.shardings)()
+        params, loaded, _ = transfer.merge(state["params"], arrays)
+    os.makedirs(workdir, exist_ok=True)
+    ckpt = checkpoint.Manager(workdir, keep=1)
+    try:
+        ckpt.save(0, {**state, "params": params}, {"step": 0})
+    finally:
+        ckpt.close()
+    if tokenizer is not None:
+        checkpoint.save_tokenizer(workdir, tokenizer)
+    checkpoint.save_config(workdir, config)  # last: a workdir with config.json is complete
+    return f"imported {directory} ({len(loaded)} arrays) into {os.path.abspath(workdir)} as step 0"
+
+
+def export_run(workdir: str, out: str, *, step: int | None = None, overwrite: bool = False):
+    """Writes checkpoint `step` (default the newest) of the run in `workdir` as an HF model
+    directory `out`; HFError naming the setting HF's classes cannot express. Returns
+    (step, files written)."""
+    config = checkpoint.load_config(workdir)
+    num_axes = data.kind(config.data).num_axes
+    hf_config.check_exportable(config.model, num_axes=num_axes)  # before anything restores
+    if os.path.exists(os.path.join(out, hf_config.CONFIG_FILE)) and not overwrite:
+        raise hf_config.HFError(
+            f"--out={out} holds a model already; pass --overwrite to replace it"
+        )
+    run = setup.build(without_corpus(config), vocab_from_data=False)
+    step, state = restore(workdir, run, step, fallback=False)
+    rope = config.model.rope
+    files = convert.save(
+        out,
+        state["params"],
+        config.model,
+        max_position_embeddings=rope.get("max_position_embeddings") or config.data.seq_len,
+        tokenizer=checkpoint.load_tokenizer(workdir),
+        num_axes=num_axes,
+    )
+    console.say(
+        f"exported step {step} of {workdir} to {out}: {', '.join(map(os.path.basename, files))}"
+    )
+    return step, files

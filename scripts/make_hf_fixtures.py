@@ -1,0 +1,178 @@
+"""Makes the Hugging Face test fixtures in tests/data/hf/ (run once; the files are committed).
+
+  . .venv-bench/bin/activate && HF_HUB_OFFLINE=1 python scripts/make_hf_fixtures.py
+
+Needs torch and transformers (`requirements-bench.txt`); the tests that read the fixtures
+need neither. Each fixture is a tiny random model written by `transformers`'
+`save_pretrained` (weights drawn large enough that logits are O(1-10), norms and biases
+away from their init, so a wrong mapping shows), with `tokens.npy` [B, T] and the
+logits `transformers` computes for them in float32 (`logits.npy` [B, T, V]):
+
+  llama          LlamaForCausalLM, untied, GQA (N=4, K=2, H=16 != D/N), eps 1e-5, llama3
+                 scaling, with a byte-level BPE tokenizer.json of V=288 ids; plus
+                 `variants.json` {name: config.json changes} and `logits.<name>.npy` for
+                 every rope rule (default, linear, dynamic past L, yarn, longrope past L0,
+                 proportional with partial_rotary_factor 0.5)
+  llama_tied     LlamaForCausalLM, tied embeddings, N=K, bfloat16 weights (logits of the
+                 weights upcast to float32)
+  qwen2          Qwen2ForCausalLM (q/k/v biases), tied, linear scaling
+  qwen3          Qwen3ForCausalLM (q/k RMSNorm per head), untied, GQA, yarn
+  llama_sharded  LlamaForCausalLM saved with a small max_shard_size: three shards and
+                 model.safetensors.index.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "tests", "data", "hf")
+B, T = 2, 24
+
+COMMON = dict(num_hidden_layers=2, hidden_act="silu", attn_implementation="eager")
+
+# Rope rules of the llama fixture's variants (config.json changes; T = 24 tokens).
+VARIANTS = {
+    "default": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+    "linear": {"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 500.0}},
+    "dynamic": {  # T = 24 > max_position_embeddings = 16: the base grows
+        "max_position_embeddings": 16,
+        "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+    },
+    "yarn": {
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "factor": 8.0,
+            "rope_theta": 10000.0,
+            "original_max_position_embeddings": 8,
+            "beta_fast": 16.0,
+            "beta_slow": 2.0,
+        },
+    },  # fmt: skip
+    "longrope": {  # T = 24 > L0 = 16: long_factor, attention factor from L / L0 = 4
+        "max_position_embeddings": 64,
+        "rope_parameters": {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "original_max_position_embeddings": 16,
+            "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0],
+            "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0],
+        },
+    },  # fmt: skip
+    "proportional": {  # Gemma-style partial rotation: the first 4 of 8 pairs turn
+        "rope_parameters": {
+            "rope_type": "proportional",
+            "rope_theta": 10000.0,
+            "factor": 2.0,
+            "partial_rotary_factor": 0.5,
+        },
+    },  # fmt: skip
+}
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "rope_theta": 10000.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 16}  # fmt: skip
+
+
+def randomize(model: torch.nn.Module, seed: int) -> None:
+    """Weights ~ N(0, 1/fan_in) (embeddings N(0, 0.5)), norms 1 + N(0, 0.1), biases N(0, 0.1)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * noise)
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * noise)
+            elif "embed_tokens" in name:
+                p.copy_(0.5 * noise)
+            else:
+                p.copy_(noise / p.shape[1] ** 0.5)
+
+
+def logits(model, tokens: np.ndarray) -> np.ndarray:
+    model.eval()
+    with torch.no_grad():
+        return model(torch.as_tensor(tokens)).logits.float().numpy()
+
+
+def tokenizer_json(vocab_size: int) -> str:
+    """A byte-level BPE of `vocab_size` ids trained on Shakespeare (rope_jax's trainer)."""
+    sys.path.insert(0, ROOT)
+    from rope_jax.data import corpora, tokenizers
+
+    plays = [p for name, p in corpora.play_files().items() if corpora.play_split(name) == "train"]
+    texts = [corpora.markdown_to_text(p.read_text(encoding="utf-8"))[:20000] for p in plays[:3]]
+    tok = tokenizers.train_bpe(texts, vocab_size)
+    if tok.vocab_size != vocab_size:
+        raise SystemExit(f"the BPE has {tok.vocab_size} ids, wanted {vocab_size}")
+    return tok.to_str()
+
+
+def make(name, config_cls, model_cls, *, seed, dtype=torch.float32, shard=None, tokenizer=None,
+         variants=None, **config):  # fmt: skip
+    out = os.path.join(OUT, name)
+    shutil.rmtree(out, ignore_errors=True)
+    cfg = config_cls(**COMMON, **config)
+    model = model_cls(cfg)
+    randomize(model, seed)
+    tokens = np.random.default_rng(seed).integers(0, cfg.vocab_size, (B, T)).astype(np.int32)
+    model.to(dtype).save_pretrained(out, max_shard_size=shard or "50GB")
+    # what transformers computes from the directory, in float32 (bfloat16 weights upcast;
+    # the rotary frequencies recomputed in float32, not the bfloat16 buffers of `model`)
+    reference = model_cls.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
+    np.save(os.path.join(out, "tokens.npy"), tokens)
+    np.save(os.path.join(out, "logits.npy"), logits(reference, tokens).astype(np.float32))
+    if tokenizer:
+        with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8") as f:
+            f.write(tokenizer)
+    for variant, changes in (variants or {}).items():
+        other = model_cls(config_cls(**{**COMMON, **config, **changes}))
+        other.load_state_dict(reference.state_dict())
+        np.save(os.path.join(out, f"logits.{variant}.npy"), logits(other, tokens[:1]))
+    if variants:
+        with open(os.path.join(out, "variants.json"), "w") as f:
+            json.dump(variants, f, indent=1, sort_keys=True)
+            f.write("\n")
+    size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
+    print(f"{name}: {sorted(os.listdir(out))} {size / 1e3:.0f} KB")
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}")
+    t = transformers
+    llama = dict(hidden_size=48, intermediate_size=96, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, max_position_embeddings=64)  # fmt: skip
+    make("llama", t.LlamaConfig, t.LlamaForCausalLM, seed=1, vocab_size=288, rms_norm_eps=1e-5,
+         tie_word_embeddings=False, rope_parameters=LLAMA3, tokenizer=tokenizer_json(288),
+         variants=VARIANTS, **llama)  # fmt: skip
+    make("llama_tied", t.LlamaConfig, t.LlamaForCausalLM, seed=2, dtype=torch.bfloat16,
+         vocab_size=128, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+         num_key_value_heads=4, max_position_embeddings=64, rms_norm_eps=1e-6,
+         tie_word_embeddings=True,
+         rope_parameters={"rope_type": "default", "rope_theta": 10000.0})  # fmt: skip
+    make("qwen2", t.Qwen2Config, t.Qwen2ForCausalLM, seed=3, vocab_size=128, hidden_size=32,
+         intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+         max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=True,
+         rope_parameters={"rope_type": "linear", "factor": 2.0,
+                          "rope_theta": 1000000.0})  # fmt: skip
+    make("qwen3", t.Qwen3Config, t.Qwen3ForCausalLM, seed=4, vocab_size=128, hidden_size=32,
+         intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+         max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
+         rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1000000.0,
+                          "original_max_position_embeddings": 16})  # fmt: skip
+    make("llama_sharded", t.LlamaConfig, t.LlamaForCausalLM, seed=5, shard="100KB",
+         vocab_size=128, rms_norm_eps=1e-5, tie_word_embeddings=False,
+         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **llama)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,469 @@
+"""Hugging Face checkpoints in and out (`rope_jax.hf`), against fixtures made by transformers.
+
+The fixtures in tests/data/hf/ were written once by `scripts/make_hf_fixtures.py`
+(`save_pretrained` of tiny random models, with the logits transformers computed); these
+tests need neither torch nor transformers. The live check (transformers loads our
+export) is tests/hf_live_test.py, skipped without torch.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import jax
+import ml_collections
+import ml_dtypes
+import numpy as np
+import pytest
+from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from configs import common, lm
+from rope_jax import harness, hf
+from rope_jax.harness import checkpoint, metrics
+from rope_jax.hf import config as hf_config
+from rope_jax.hf import convert, weights
+from rope_jax.nn import generate
+from rope_jax.nn import model as model_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(ROOT, "tests", "data", "hf")
+NAMES = ("llama", "llama_tied", "qwen2", "qwen3", "llama_sharded")
+
+
+def fixture(name: str) -> str:
+    return os.path.join(FIXTURES, name)
+
+
+def max_diff(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+def tensors(directory: str) -> dict:
+    """{HF name: array} of every safetensors file in `directory`."""
+    out = {}
+    for file in sorted(os.listdir(directory)):
+        if file.endswith(".safetensors"):
+            handle = safe_open(os.path.join(directory, file), "numpy")
+            out.update({k: handle.get_tensor(k) for k in handle.keys()})
+    return out
+
+
+def copy_fixture(name: str, tmp_path, **config_changes) -> str:
+    """A writable copy of fixture `name` with config.json keys replaced."""
+    out = str(tmp_path / name)
+    shutil.copytree(fixture(name), out)
+    if config_changes:
+        with open(os.path.join(out, "config.json")) as f:
+            cfg = json.load(f)
+        cfg.update(config_changes)
+        with open(os.path.join(out, "config.json"), "w") as f:
+            json.dump(cfg, f)
+    return out
+
+
+# ------------------------------------------------------------------------ requirements
+
+
+def _pins(path: str) -> dict[str, str]:
+    pins = {}
+    for line in open(os.path.join(ROOT, path)):
+        line = line.split("#")[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return pins
+
+
+def test_requirement_files_pin_shared_packages_alike():
+    """`pip install -r requirements.txt -r requirements-bench.txt` (the bench venv's
+    command) resolves only if every package both files pin has one version."""
+    main, bench = _pins("requirements.txt"), _pins("requirements-bench.txt")
+    shared = sorted(set(main) & set(bench))
+    assert len(shared) > 5  # the bench file repeats the peers' dependencies it shares
+    assert {p: (main[p], bench[p]) for p in shared if main[p] != bench[p]} == {}
+    assert "safetensors" in main and "torch" not in main and "transformers" not in main
+
+
+# ------------------------------------------------------------------------------ import
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_imported_logits_equal_transformers(name):
+    model, cfg, _ = hf.load(fixture(name))
+    tokens = np.load(os.path.join(fixture(name), "tokens.npy"))
+    want = np.load(os.path.join(fixture(name), "logits.npy"))
+    got = np.asarray(model(tokens))
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+def test_import_reads_every_feature_of_the_config():
+    fields = hf_config.model_fields(hf_config.read(fixture("llama")))
+    assert fields["head_dim"] == 16 and fields["embed_dim"] == 48  # H != D / N
+    assert (fields["num_heads"], fields["num_kv_heads"]) == (4, 2)
+    assert fields["norm_eps"] == 1e-5 and fields["tie_embeddings"] is False
+    assert fields["rope.scaling"]["rope_type"] == "llama3" and fields["rope.layout"] == "half"
+    assert fields["rope.max_position_embeddings"] == 64
+    qwen2 = hf_config.model_fields(hf_config.read(fixture("qwen2")))
+    assert qwen2["attention.qkv_bias"] and qwen2["tie_embeddings"] and qwen2["rope.base"] == 1e6
+    assert hf_config.model_fields(hf_config.read(fixture("qwen3")))["attention.qk_norm"]
+
+
+VARIANTS = json.load(open(os.path.join(FIXTURES, "llama", "variants.json")))
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_rope_rule_equals_transformers(variant, tmp_path):
+    directory = copy_fixture("llama", tmp_path, **VARIANTS[variant])
+    model, cfg, _ = hf.load(directory)
+    assert cfg.rope.scaling.rope_type == VARIANTS[variant]["rope_parameters"]["rope_type"]
+    tokens = np.load(os.path.join(directory, "tokens.npy"))[:1]
+    want = np.load(os.path.join(directory, f"logits.{variant}.npy"))
+    got = np.asarray(model(tokens))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    if variant != "default":  # the rule changes the logits: the test can tell rules apart
+        assert max_diff(want, np.load(os.path.join(directory, "logits.default.npy"))) > 1e-2
+
+
+def test_bfloat16_weights_stay_bfloat16_unless_asked():
+    model, cfg, _ = hf.load(fixture("llama_tied"))
+    dtypes = {x.dtype for x in jax.tree.leaves(nnx.state(model, nnx.Param))}
+    assert cfg.param_dtype == "bfloat16" and dtypes == {np.dtype(ml_dtypes.bfloat16)}
+    assert model.head is None  # tied: the logits use the embedding table
+    wide, cfg, _ = hf.load(fixture("llama_tied"), param_dtype="float32")
+    assert {x.dtype for x in jax.tree.leaves(nnx.state(wide, nnx.Param))} == {np.dtype("float32")}
+
+
+def test_imported_model_decodes_with_its_cache():
+    """Greedy decoding with the key/value cache equals argmax of full forward passes."""
+    model, _, tok = hf.load(fixture("qwen3"))
+    prompt = np.load(os.path.join(fixture("qwen3"), "tokens.npy"))[:, :5]
+    new = np.asarray(generate.generate(model, prompt, max_new_tokens=3))
+    seq = prompt
+    for _ in range(3):
+        seq = np.concatenate([seq, np.argmax(np.asarray(model(seq))[:, -1:], -1)], axis=1)
+    np.testing.assert_array_equal(new, seq[:, 5:])
+
+
+# ------------------------------------------------------------------------------ export
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_import_export_import_is_bit_exact(name, tmp_path):
+    model, cfg, tok = hf.load(fixture(name))
+    out = str(tmp_path / "out")
+    hf.save(out, model, cfg, max_position_embeddings=cfg.rope.max_position_embeddings,
+            tokenizer=tok)  # fmt: skip
+    original, written = tensors(fixture(name)), tensors(out)
+    assert sorted(written) == sorted(original)  # HF's own names, lm_head only if untied
+    for key, value in original.items():
+        assert written[key].dtype == value.dtype and written[key].shape == value.shape, key
+        assert np.array_equal(written[key].view(np.uint8), value.view(np.uint8)), key
+    again, cfg2, _ = hf.load(out)
+    first, second = convert.flat_params(model), convert.flat_params(again)
+    assert first.keys() == second.keys()
+    assert all(np.array_equal(first[k].view(np.uint8), second[k].view(np.uint8)) for k in first)
+    assert cfg2.to_dict() == cfg.to_dict()
+    assert os.path.isfile(os.path.join(out, "tokenizer.json")) == (tok is not None)
+
+
+LLAMA_TENSORS = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"] + [
+    f"model.layers.{i}.{t}"
+    for i in range(2)
+    for t in (
+        "input_layernorm.weight",
+        "post_attention_layernorm.weight",
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+        "self_attn.o_proj.weight",
+        "mlp.gate_proj.weight",
+        "mlp.up_proj.weight",
+        "mlp.down_proj.weight",
+    )  # fmt: skip
+]
+
+
+def random_model(seed=0, **overrides):
+    """A tiny rope_jax Decoder with every parameter random (norms, biases included)."""
+    cfg = common.base_config("tiny").model
+    cfg.update_from_flattened_dict({"vocab_size": 64, "embed_dim": 32, "num_heads": 4,
+                                    "num_kv_heads": 2, "head_dim": 16, "mlp_dim": 48,
+                                    "rope.max_position_embeddings": 64, **overrides})  # fmt: skip
+    model = model_lib.Decoder(cfg, rngs=nnx.Rngs(seed))
+    rng = np.random.default_rng(seed)
+    for _, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        noise = rng.normal(size=var.shape) * 0.3
+        var.set_value((np.asarray(var.get_value()) + noise).astype(var.dtype))
+    return model, cfg
+
+
+def test_exported_run_is_what_llamaforcausallm_expects(tmp_path):
+    """The names, shapes and config keys transformers' Llama reads (checked without torch;
+    tests/hf_live_test.py loads it in transformers)."""
+    model, cfg = random_model(**{"norm_eps": 1e-5, "rope.base": 500000.0,
+                                 "rope.scaling.rope_type": "llama3", "rope.scaling.factor": 8.0,
+                                 "rope.scaling.low_freq_factor": 1.0,
+                                 "rope.scaling.high_freq_factor": 4.0})  # fmt: skip
+    hf.save(str(tmp_path), model, cfg, max_position_embeddings=64)
+    written = tensors(str(tmp_path))
+    assert sorted(written) == sorted(LLAMA_TENSORS)
+    assert written["model.layers.0.self_attn.q_proj.weight"].shape == (4 * 16, 32)  # [N*H, D]
+    assert written["model.layers.0.self_attn.o_proj.weight"].shape == (32, 4 * 16)  # [D, N*H]
+    assert written["model.layers.1.mlp.down_proj.weight"].shape == (32, 48)  # [D, F]
+    meta = safe_open(os.path.join(tmp_path, "model.safetensors"), "numpy").metadata()
+    assert meta == {"format": "pt"}  # transformers refuses other formats
+    cfg_json = json.load(open(os.path.join(tmp_path, "config.json")))
+    assert cfg_json["architectures"] == ["LlamaForCausalLM"] and cfg_json["model_type"] == "llama"
+    assert cfg_json["rope_parameters"] == {
+        "rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+    assert (cfg_json["rms_norm_eps"], cfg_json["head_dim"], cfg_json["num_key_value_heads"]) == (
+        1e-5, 16, 2)  # fmt: skip
+    assert cfg_json["tie_word_embeddings"] is False and cfg_json["dtype"] == "float32"
+    again, _, _ = hf.load(str(tmp_path))
+    tokens = np.arange(24).reshape(2, 12) % 64
+    np.testing.assert_array_equal(np.asarray(again(tokens)), np.asarray(model(tokens)))
+
+
+EXPORTS = {  # overrides -> HF class; every one reloads with the same logits
+    "interleaved": ({"rope.layout": "interleaved"}, "LlamaForCausalLM"),
+    "interleaved_partial": ({"rope.layout": "interleaved", "rope.scaling.rope_type": "proportional",
+                             "rope.scaling.partial_rotary_factor": 0.5}, "LlamaForCausalLM"),
+    "qk_norm_tied_yarn": ({"attention.qk_norm": True, "tie_embeddings": True,
+                           "rope.layout": "interleaved", "rope.scaling.rope_type": "yarn",
+                           "rope.scaling.factor": 4.0}, "Qwen3ForCausalLM"),
+    "qkv_bias_longrope": ({"attention.qkv_bias": True, "rope.layout": "interleaved",
+                           "rope.scaling.rope_type": "longrope",
+                           "rope.scaling.original_max_position_embeddings": 8,
+                           "rope.scaling.short_factor": (1.0, 1.5, 2.0, 3.0, 1.0, 1.0, 2.0, 4.0),
+                           "rope.scaling.long_factor": (2.0, 1.5, 2.0, 3.0, 5.0, 1.0, 2.0, 4.0)},
+                          "Qwen2ForCausalLM"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(EXPORTS))
+def test_export_maps_every_layout_and_feature(case, tmp_path):
+    """An interleaved-pair model is written with HF's half pairs (q/k rows, biases and
+    norm scales permuted): it reloads as layout half with the same logits."""
+    overrides, arch = EXPORTS[case]
+    model, cfg = random_model(seed=3, **overrides)
+    hf.save(str(tmp_path), model, cfg, max_position_embeddings=64)
+    assert json.load(open(os.path.join(tmp_path, "config.json")))["architectures"] == [arch]
+    again, cfg2, _ = hf.load(str(tmp_path))
+    assert cfg2.rope.layout == "half"
+    tokens = np.random.default_rng(0).integers(0, 64, (2, 20))  # 20 > L0 = 8 for longrope
+    want = np.asarray(model(tokens))
+    np.testing.assert_allclose(np.asarray(again(tokens)), want, atol=1e-5 * np.abs(want).max())
+    if cfg.rope.layout == "interleaved":  # without the permutation it would not be equal
+        q = "blocks.0.attn.q_proj"
+        plain = np.asarray(convert.flat_params(model)[q])
+        assert not np.array_equal(convert.flat_params(again)[q], plain)
+
+
+REFUSED = {
+    "model.rope.sites='vo'": {"model.rope.sites": "vo"},
+    "model.rope.sites=''": {"model.rope.sites": ""},
+    "model.attention.kv='tied'": {"model.attention.kv": "tied", "model.rope.sites": "qkvo"},
+    "model.rope.learned='freqs'": {"model.rope.learned": "freqs"},
+    "model.rope.nope_every=2": {"model.rope.nope_every": 2},
+    "model.rope.global_every=2": {"model.rope.global_every": 2, "model.rope.local_base": 100.0},
+    "data (position axes)=3": {"num_axes": 3},
+    "partial_rotary_factor=0.5": {"model.rope.scaling.rope_type": "yarn",
+                                  "model.rope.scaling.partial_rotary_factor": 0.5},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("setting", sorted(REFUSED))
+def test_export_refuses_what_hf_cannot_express(setting):
+    config = lm.get_config()
+    overrides = dict(REFUSED[setting])
+    num_axes = overrides.pop("num_axes", 1)
+    config.update_from_flattened_dict(overrides)
+    with pytest.raises(hf.HFError, match=re.escape(setting)):
+        hf_config.check_exportable(config.model, num_axes=num_axes)
+    hf_config.check_exportable(lm.get_config().model)  # the plain qk model is fine
+
+
+# ---------------------------------------------------------------- one line per mistake
+
+
+def run_cli(*args, timeout=240):
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, JAX_PLATFORMS="cpu"))  # fmt: skip
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def one_line_error(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr[-2000:]
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def _missing_shard(tmp_path):
+    directory = copy_fixture("llama_sharded", tmp_path)
+    os.remove(os.path.join(directory, "model-00002-of-00003.safetensors"))
+    return directory
+
+
+def _dtype_mismatch(tmp_path):
+    directory = copy_fixture("qwen3", tmp_path)
+    path = os.path.join(directory, "model.safetensors")
+    arrays = tensors(directory)
+    arrays["model.norm.weight"] = arrays["model.norm.weight"].astype(ml_dtypes.bfloat16)
+    save_file(arrays, path, metadata={"format": "pt"})
+    return directory
+
+
+BAD_INPUT = {
+    "missing shard": (_missing_shard, "shard model-00002-of-00003.safetensors listed in "
+                      "model.safetensors.index.json is missing"),
+    "shape mismatch": (lambda t: copy_fixture("qwen2", t, intermediate_size=80),
+                       "tensor model.layers.0.mlp.down_proj.weight has shape [32, 64]; "
+                       "config.json implies [32, 80]"),
+    "dtype mismatch": (_dtype_mismatch, "tensor model.norm.weight has dtype BF16 but"),
+    "unsupported architecture": (
+        lambda t: copy_fixture("llama_tied", t, architectures=["GPT2LMHeadModel"]),
+        "config.json architectures=['GPT2LMHeadModel'] is not supported; supported: "
+        "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"),
+    "unsupported rope type": (
+        lambda t: copy_fixture("llama_tied", t, rope_parameters={"rope_type": "mrope",
+                                                                 "rope_theta": 1e4}),
+        "config.json rope_parameters['rope_type']='mrope' must be one of default, linear"),
+    "no weights": (lambda t: os.path.dirname(copy_fixture("llama_tied", t)) + "/nothing",
+                   "is not a directory"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUT))
+def test_bad_input_is_one_line(case, tmp_path):
+    make, message = BAD_INPUT[case]
+    directory = make(tmp_path)
+    with pytest.raises(hf.HFError, match=re.escape(message)) as error:
+        hf.load(directory)
+    assert "\n" not in str(error.value)
+    code, _, err = run_cli("-m", "rope_jax.hf", "import", f"--hf={directory}",
+                           f"--workdir={tmp_path / 'w'}")  # fmt: skip
+    assert code == 1 and message in one_line_error(err)
+    assert not os.path.exists(tmp_path / "w")  # nothing written
+
+
+@pytest.mark.slow
+def test_export_of_a_run_hf_cannot_express_is_one_line(tmp_path):
+    config = lm.get_config("row=vo")
+    os.makedirs(tmp_path / "run")
+    checkpoint.save_config(str(tmp_path / "run"), config)
+    code, _, err = run_cli("-m", "rope_jax.hf", "export", f"--workdir={tmp_path / 'run'}",
+                           f"--out={tmp_path / 'out'}")  # fmt: skip
+    assert code == 1
+    assert one_line_error(err) == (
+        "error: cannot export to Hugging Face: model.rope.sites='vo': transformers rotates "
+        "exactly q and k (sites v/o and NoPE have no HF class)"
+    )
+    assert not os.path.exists(tmp_path / "out")
+    code, _, err = run_cli("eval.py", f"--hf={FIXTURES}/missing", f"--workdir={tmp_path / 'e'}")
+    assert code == 1 and "is not a directory" in one_line_error(err)
+
+
+# ------------------------------------------------------------------- train, eval, decode
+
+
+def small_run(data_dir, **overrides):
+    config = lm.get_config()
+    config.update_from_flattened_dict({"data.data_dir": data_dir, "data.seq_len": 32,
+                                       "data.global_batch_size": 4, "train.num_steps": 2,
+                                       "train.log_every_steps": 1, "train.eval_every_steps": 0,
+                                       "eval.num_batches": 1, "eval.batch_size": 4,
+                                       **overrides})  # fmt: skip
+    return config
+
+
+@pytest.mark.slow
+def test_a_run_trains_from_an_hf_checkpoint_and_exports_back(data_dir, tmp_path):
+    """init_from=hf:DIR: the run takes DIR's architecture, tokenizer and weights, trains
+    2 steps, and exports again (the export's logits are the trained run's)."""
+    directory = fixture("llama")
+    config = small_run(data_dir, **{"train.init_from": f"hf:{directory}",
+                                    "optim.warmup_steps": 1})  # fmt: skip
+    workdir = str(tmp_path / "run")
+    harness.train_and_evaluate(config, workdir)
+    saved = checkpoint.load_config(workdir)
+    assert (saved.model.embed_dim, saved.model.head_dim, saved.model.vocab_size) == (48, 16, 288)
+    assert saved.model.norm_eps == 1e-5 and saved.model.rope.scaling.rope_type == "llama3"
+    assert saved.data.tokenizer == os.path.join(directory, "tokenizer.json")
+    assert checkpoint.load_tokenizer(workdir).vocab_size == 288
+    losses = [r["loss"] for r in metrics.read_jsonl(workdir) if "loss" in r]
+    assert len(losses) == 2 and all(np.isfinite(losses))
+    from rope_jax.harness import transfer  # the trained weights start at the HF ones
+
+    _, source = transfer.source_params(f"hf:{directory}")
+    _, trained = transfer.source_params(workdir)
+    moved = [max_diff(source[k], np.asarray(v)) for k, v in _named(trained).items()]
+    assert 0 < max(moved) < 0.1  # two small steps away from the HF weights
+    out = str(tmp_path / "hf")
+    code, stdout, err = run_cli("-m", "rope_jax.hf", "export", f"--workdir={workdir}",
+                                f"--out={out}")  # fmt: skip
+    assert code == 0, err[-2000:]
+    assert "exported step 2" in stdout
+    again, _, tok = hf.load(out)
+    assert tok.vocab_size == 288
+    net = nnx.merge(harness.build(_no_corpus(saved), vocab_from_data=False).graphdef, trained)
+    tokens = np.load(os.path.join(directory, "tokens.npy"))
+    np.testing.assert_array_equal(np.asarray(again(tokens)), np.asarray(net(tokens)))
+
+
+def _named(tree) -> dict:
+    return {checkpoint.leaf_name(p): x for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _no_corpus(config):
+    from rope_jax.harness.evaluate import without_corpus
+
+    return without_corpus(config)
+
+
+@pytest.mark.slow
+def test_eval_py_imports_evaluates_and_decodes_an_hf_model(data_dir, tmp_path):
+    workdir = str(tmp_path / "m")
+    overrides = [f"--config.data.data_dir={data_dir}", "--config.data.seq_len=32",
+                 "--config.eval.batch_size=4", "--config.eval.num_batches=1"]  # fmt: skip
+    args = ["eval.py", f"--hf={fixture('llama')}", f"--workdir={workdir}",
+            "--config=configs/lm.py", *overrides]  # fmt: skip
+    code, out, err = run_cli(*args)
+    assert code == 0, err[-2000:]
+    result = json.load(open(os.path.join(workdir, "eval_0.json")))
+    assert result["step"] == 0 and 0 < result["32"]["loss"] < 20
+    code, out, err = run_cli(*args, "--generate", "--prompt=ROMEO:", "--max_new_tokens=8")
+    assert code == 0, err[-2000:]
+    assert "holds" in out and out.splitlines()[-1].startswith("ROMEO:")
+    model, _, tok = hf.load(fixture("llama"))
+    ids = np.asarray([tok.encode("ROMEO:")])
+    new = generate.generate(model, ids, max_new_tokens=8)[0].tolist()
+    new = new[: new.index(tok.eos_id)] if tok.eos_id in new else new
+    assert out.splitlines()[-1] == "ROMEO:" + tok.decode(new)
+
+
+def test_set_fields_replaces_the_whole_scaling_section():
+    cfg = common.base_config("tiny").model
+    cfg.rope.scaling.rope_type, cfg.rope.scaling.factor = "yarn", 4.0
+    hf_config.set_fields(cfg, hf_config.model_fields(hf_config.read(fixture("llama_tied"))))
+    assert cfg.rope.scaling.rope_type == "default" and cfg.rope.scaling.factor is None
+    assert isinstance(cfg.rope.scaling, ml_collections.ConfigDict)
+    model_lib.check_config(cfg)
+
+
+def test_half_order_takes_interleaved_pairs_to_half_pairs():
+    np.testing.assert_array_equal(weights.half_order(8), [0, 2, 4, 6, 1, 3, 5, 7])
+    np.testing.assert_array_equal(weights.half_order(8, 4), [0, 2, 1, 3, 4, 5, 6, 7])
+    bias = np.arange(16.0)  # [N*H] with N = 2, H = 8: each head reordered alone
+    np.testing.assert_array_equal(
+        weights.to_half("blocks.1.attn.k_bias", bias, 8), [0, 2, 4, 6, 1, 3, 5, 7,
+                                                           8, 10, 12, 14, 9, 11, 13, 15]
+    )  # fmt: skip
+    assert weights.to_half("blocks.1.attn.v_bias", bias, 8) is bias  # values keep their order
