@@ -48,9 +48,11 @@ def _torch_device() -> str:
 
 
 def _adamw(model, optim):
-    """torch AdamW with our optimiser's lr and betas; weight decay on matrices only."""
+    """torch AdamW with our optimiser's lr and betas; weight decay on matrices only;
+    the fused kernel on a GPU."""
     import torch
 
+    fused = next(model.parameters()).is_cuda
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     return torch.optim.AdamW(
@@ -60,6 +62,7 @@ def _adamw(model, optim):
         ],
         lr=optim.lr,
         betas=(optim.b1, optim.b2),
+        **({"fused": True} if fused else {}),
     )
 
 
@@ -110,11 +113,20 @@ def _time_steps(step, batches: list, *, warmup: int, steps: int) -> tuple[list, 
 
 
 def measure_peer(
-    size: str, *, warmup: int, steps: int, num_batches: int = 2, dtype: str = "float32"
+    size: str,
+    *,
+    warmup: int,
+    steps: int,
+    num_batches: int = 2,
+    dtype: str = "float32",
+    batch: int | None = None,
+    remat: bool = False,
 ) -> dict:
     """Median step time of the peer: forward, cross-entropy, backward, clip, AdamW.
 
     dtype: "float32", or "bfloat16" compute under autocast (`_train_step`).
+    batch: sequences per step instead of the preset's. remat: HF gradient checkpointing
+    (each decoder layer recomputed in the backward, as our `model.remat=block`).
     """
     import torch
     import transformers
@@ -123,7 +135,11 @@ def measure_peer(
 
     device = _torch_device()
     s, optim = shape(size), lm.get_config(f"size={size}").optim
+    if batch:
+        s["B"] = batch
     model = peer_model(s).to(device)
+    if remat:
+        model.gradient_checkpointing_enable()
     model.train()
     opt = _adamw(model, optim)
     batches = _torch_batches(s, device, num_batches)
@@ -147,4 +163,8 @@ def measure_peer(
         "transformers": transformers.__version__,
         "threads": torch.get_num_threads(),
         "attn": model.config._attn_implementation,
+        "batch": s["B"],
+        "seq_len": s["T"],
+        "remat": remat,
+        "fused_adamw": device == "cuda",
     }

@@ -1,0 +1,114 @@
+"""The corpus that travels to a GPU machine for `gpu_suite`'s rung: a prepared dataset's
+first training tokens and its validation split as plain arrays, within the size limit.
+
+  python benchmarks/gpu_data.py --dataset=~/rope_data/linux_mix8k --out=gpu_data \
+      --train_tokens=16000000
+
+Writes OUT/train.npy (uint16 tokens: the training stream from its start, documents
+joined by EOS, as training reads it), OUT/validation.npy and OUT/validation_bytes.npy
+(the UTF-8 bytes of each validation token, for bits per byte) and OUT/meta.json (the
+dataset, its preparing command, the vocabulary, the counts). Everything a GPU call
+carries (this folder, the repository's tracked files and any wheels folder named by
+--also) must stay under LIMIT_MIB: over it, nothing is written and the one-line error
+says by how much.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+LIMIT_MIB = 64
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHUNK = 1 << 20  # tokens read per call
+
+
+def tracked_bytes(root: str = _ROOT) -> int:
+    """Bytes of the repository's tracked files (what a call sends besides carried paths)."""
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True,
+                           check=True).stdout.split(b"\0")  # fmt: skip
+    paths = (os.path.join(root, n.decode()) for n in names if n)
+    return sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
+
+
+def folder_bytes(path: str) -> int:
+    total = 0
+    for base, _, files in os.walk(path):
+        total += sum(os.path.getsize(os.path.join(base, f)) for f in files)
+    return total
+
+
+def read_split(path: str, split: str, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens uint16, bytes per token uint16) of the split's stream, the first `limit`."""
+    from rope_jax.data import shards
+
+    source = shards.TokenSplit(path, split)
+    n = len(source) if limit is None else min(limit, len(source))
+    tokens, nbytes = [], []
+    for start in range(0, n, CHUNK):
+        part = source.read(start, min(n, start + CHUNK))
+        tokens.append(part["tokens"].astype(np.uint16))
+        nbytes.append(part["bytes"].astype(np.uint16))
+    return np.concatenate(tokens), np.concatenate(nbytes)
+
+
+def pack(dataset: str, out: str, *, train_tokens: int, also: list[str]) -> dict:
+    dataset = os.path.abspath(os.path.expanduser(dataset))
+    with open(os.path.join(dataset, "metadata.json")) as f:
+        meta = json.load(f)
+    if int(meta["vocab_size"]) > 65536:
+        raise SystemExit(f"gpu_data: {dataset} has {meta['vocab_size']} ids; uint16 holds 65,536")
+    train, _ = read_split(dataset, "train", train_tokens)
+    val, val_bytes = read_split(dataset, "validation")
+    payload = train.nbytes + val.nbytes + val_bytes.nbytes + 4096
+    others = tracked_bytes() + sum(folder_bytes(p) for p in also)
+    total = payload + others
+    if total > LIMIT_MIB * 2**20:
+        over = (total - LIMIT_MIB * 2**20) / 2**20
+        raise SystemExit(f"gpu_data: {payload / 2**20:.1f} MiB of data + {others / 2**20:.1f} "
+                         f"MiB of tree and wheels is {over:.1f} MiB over the {LIMIT_MIB} MiB a "
+                         "call carries; lower --train_tokens")  # fmt: skip
+    os.makedirs(out, exist_ok=True)
+    np.save(os.path.join(out, "train.npy"), train)
+    np.save(os.path.join(out, "validation.npy"), val)
+    np.save(os.path.join(out, "validation_bytes.npy"), val_bytes)
+    info = dict(
+        dataset=os.path.basename(dataset),
+        prepared_by=meta.get("command"),
+        tokenizer=meta["settings"].get("tokenizer"),
+        vocab_size=int(meta["vocab_size"]),
+        train_tokens=int(train.size),
+        train_tokens_in_dataset=int(meta["splits"]["train"]["stream_tokens"]),
+        validation_tokens=int(val.size),
+        validation_bytes=int(val_bytes.sum()),
+        validation_bytes_per_token=float(val_bytes.sum() / val.size),
+        carried_mib=round(total / 2**20, 1),
+        command=" ".join(["python benchmarks/gpu_data.py", *sys.argv[1:]]),
+    )
+    with open(os.path.join(out, "meta.json"), "w") as f:
+        json.dump(info, f, indent=1)
+    return info
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", required=True, help="a prepared dataset directory")
+    p.add_argument("--out", default=os.path.join(_ROOT, "gpu_data"))
+    p.add_argument("--train_tokens", type=int, default=16_000_000)
+    p.add_argument("--also", default="", help="comma list of other carried folders (wheels)")
+    args = p.parse_args(argv)
+    if not os.path.isfile(os.path.join(os.path.expanduser(args.dataset), "metadata.json")):
+        raise SystemExit(f"gpu_data: {args.dataset} is not a prepared dataset (no metadata.json)")
+    info = pack(args.dataset, args.out, train_tokens=args.train_tokens,
+                also=[a for a in args.also.split(",") if a])  # fmt: skip
+    print(json.dumps(info, indent=1))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, _ROOT)
+    main()

@@ -1,0 +1,169 @@
+"""The page of `benchmarks/gpu_suite.py`: OUT/gpu_suite.md from the stages' JSON files."""
+
+from __future__ import annotations
+
+
+def _f(x, fmt: str = ",.0f", none: str = "—") -> str:
+    return none if x is None else format(x, fmt)
+
+
+def _check(r: dict) -> list[str]:
+    if not r:
+        return ["Not run."]
+    c = r.get("ceiling") or {}
+    v = r.get("versions") or {}
+    return [
+        f"Device: {r.get('devices')} x {r.get('device')} ({r.get('backend')}); "
+        f"nvidia-smi: {r.get('nvidia_smi') or '—'}; cuDNN {r.get('cudnn') or '—'}.",
+        "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + ".",
+        f"Dense matmul ceiling ({c.get('n')}^3, jitted, median of 5): bf16 inputs with "
+        f"float32 accumulation {_f(c.get('bf16_gflops'))} GFLOP/s, float32 "
+        f"{_f(c.get('f32_gflops'))} GFLOP/s.",
+    ]
+
+
+def _kernels(r: dict) -> list[str]:
+    if not r:
+        return ["Not run."]
+    cases = r.get("cases", {})
+    out = [
+        f"Impls against `xla`: {', '.join(r.get('impls', []))}. Error = max |a - b| / "
+        "max |b| over each gradient leaf (the worst leaf), |loss - loss_xla| / |loss_xla|; "
+        f"tolerances (loss, gradients): {r.get('tolerances')}. float32 products at "
+        "`highest` precision (no TF32) so that float32 is compared in float32.",
+        "",
+        "| case | impl | dtype | loss error | gradient error | ok | cuDNN fused calls in program |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, case in cases.items():
+        for row in case["rows"]:
+            out.append(f"| {name} | {row['impl']} | {row['dtype']} | {row['loss_err']:.1e} | "
+                       f"{row['grad_err']:.1e} | {'yes' if row['ok'] else 'NO'} | "
+                       f"{case['cudnn_calls']} |")  # fmt: skip
+    bad = [n for n, c in cases.items() if not all(x["ok"] for x in c["rows"])]
+    out += ["", f"{len(cases)} cases, {sum(len(c['rows']) for c in cases.values())} comparisons; "
+            f"outside tolerance: {', '.join(bad) or 'none'}."]  # fmt: skip
+    decode = r.get("decode", {})
+    if decode:
+        out += ["", "Decoding through the cache (prefill T - 3, then 3 single tokens) against "
+                "the full forward of `xla`: max |difference| / max |logit|.", "",
+                "| case | error | ok |", "|---|---|---|"]  # fmt: skip
+        out += [f"| {k} | {v['rel_err']:.1e} | {'yes' if v['ok'] else 'NO'} |"
+                for k, v in decode.items()]  # fmt: skip
+    return out
+
+
+def _step1b(r: dict) -> list[str]:
+    if not r:
+        return ["Not run."]
+    out = [
+        f"`size=1b`, bf16 compute, float32 master weights and Adam state, T = 2,048, synthetic "
+        f"batches. MFU = tokens/s x model FLOPs per token / dense bf16 peak "
+        f"({_f((r.get('peak_flops') or 0) / 1e12)} TFLOP/s for {r.get('device')}); "
+        f"'of ceiling' divides by the bf16 matmul ceiling `check` measured "
+        f"({_f(r.get('ceiling_gflops'))} GFLOP/s).",
+        "",
+        "| setting | tok/s | step s | MFU | of ceiling | compile s | peak device GiB | "
+        "program temp GiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for key, m in r.get("settings", {}).items():
+        if m.get("oom"):
+            out.append(f"| {key} | out of memory | | | | | | |")
+            continue
+        temp = (m.get("program_bytes") or {}).get("temp")
+        out.append(f"| {key} | {_f(m['tokens_per_s'])} | {m['step_s']:.3f} | "
+                   f"{_f(m.get('mfu'), '.1%')} | {_f(m.get('of_ceiling'), '.1%')} | "
+                   f"{m['compile_s']:.0f} | {_f((m.get('peak_bytes') or 0) / 2**30, '.1f')} | "
+                   f"{_f((temp or 0) / 2**30, '.1f')} |")  # fmt: skip
+    out += [
+        "",
+        "Peak device memory is the process's peak so far (settings run in the order "
+        "shown); the program's temp bytes are XLA's own figure for each setting.",
+    ]
+    return out
+
+
+def _rung(r: dict) -> list[str]:
+    if not r or "steps" not in r:
+        return ["Not run."]
+    from configs import lm
+    from rope_jax.experiments.report import kendall
+
+    rows = r.get("rows", {})
+    d, s = r.get("data", {}), r.get("shape", {})
+    out = [
+        f"Corpus: {d.get('dataset')} ({d.get('tokenizer')}, {_f(d.get('train_tokens'))} "
+        f"training tokens carried; prepared by `{d.get('prepared_by')}`). Model: "
+        f"L{s.get('num_layers')} D{s.get('embed_dim')} N{s.get('num_heads')} "
+        f"K{s.get('num_kv_heads')} H{s.get('head_dim')} F{s.get('mlp_dim')}, "
+        f"{_f(r.get('params'))} parameters ({_f(r.get('block_params'))} in the blocks' "
+        f"matmuls), bf16, attention `{r.get('impl')}`; T = {s.get('seq_len')}, "
+        f"B = {s.get('batch')}, {r['steps']} steps = {_f(r.get('tokens_per_run'))} tokens "
+        f"per row; one seed, the same data order for every row. Held-out: "
+        f"{r.get('eval_windows')} validation windows.",
+        "",
+        "| row | held-out loss | bits/byte | train s | compile s |",
+        "|---|---|---|---|---|",
+    ]
+    order = sorted(rows, key=lambda k: rows[k]["loss"])
+    for row in order:
+        m = rows[row]
+        out.append(f"| {row} | {m['loss']:.4f} | {m['bits_per_byte']:.4f} | "
+                   f"{m['train_s']:.1f} | {m['compile_s']:.1f} |")  # fmt: skip
+    if len(rows) >= 2:
+        tau, p, n = kendall({k: v["loss"] for k, v in rows.items()}, lm.ARTICLE_LOSS)
+        nope = order.index("nope") + 1 if "nope" in order else None
+        out += ["", f"Kendall tau against the article's order over {n} rows: "
+                f"{_f(tau, '.3f')} (p {_f(p, '.3f')}); NoPE ranks {nope} of {len(order)}. "
+                "One seed: a hint, not a finding; its seed noise is unmeasured."]  # fmt: skip
+    if len(rows) < len(lm.ROWS):
+        out.append(f"Rows finished: {len(rows)} of {len(lm.ROWS)} (the rest did not fit).")
+    return out
+
+
+def _peer(r: dict) -> list[str]:
+    if not r:
+        return ["Not run."]
+    if r.get("skipped"):
+        return [f"Skipped: {r['skipped']}."]
+    out = [
+        "Both sides bf16 compute with float32 master weights: ours `model.dtype=bfloat16`; "
+        "the peer HF `LlamaForCausalLM` under `torch.autocast(bfloat16)`, SDPA attention, "
+        "fused AdamW. Same shape, batch and synthetic tokens.",
+        "",
+        "| shape | ours tok/s | peer tok/s | ours / peer (>= 1.2) |",
+        "|---|---|---|---|",
+    ]
+    pairs = [("small", r.get("ours_small"), r.get("peer_small")),
+             ("1b body", r.get("ours_1b"), r.get("peer_1b"))]  # fmt: skip
+    for name, ours, peer in pairs:
+        if not ours or not peer or peer.get("oom"):
+            why = "peer out of memory" if peer and peer.get("oom") else "not run"
+            out.append(f"| {name} | {_f((ours or {}).get('tokens_per_s'))} | {why} | |")
+            continue
+        ratio = ours["tokens_per_s"] / peer["tokens_per_s"]
+        met = "met" if ratio >= 1.2 else "NOT met"
+        extra = f" (B = {peer.get('batch')}, T = {peer.get('seq_len')})" if name != "small" else ""
+        out.append(f"| {name}{extra} | {_f(ours['tokens_per_s'])} | "
+                   f"{_f(peer['tokens_per_s'])} | {ratio:.2f} ({met}) |")  # fmt: skip
+    return out
+
+
+def render(results: dict) -> str:
+    lines = ["# GPU suite", "",
+             "Command: `python -m benchmarks.gpu_suite --out DIR --stage=all --budget_s=N` "
+             "(benchmarks/gpu_suite.py); this page is rendered from DIR's stage JSON files.",
+             ""]  # fmt: skip
+    for name, fn in (("check", _check), ("kernels", _kernels), ("step1b", _step1b),
+                     ("rung", _rung), ("peer", _peer)):  # fmt: skip
+        r = results.get(name) or {}
+        state = "done" if r.get("done") else ("partial" if r else "not run")
+        if r.get("stopped_for_time"):
+            state += ", stopped for time"
+        lines += [f"## {name} ({state})", ""]
+        lines += fn(r)
+        for err in r.get("errors", []):
+            lines.append(f"\nError: `{err[:500]}`")
+        lines.append("")
+    return "\n".join(lines)

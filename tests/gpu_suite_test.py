@@ -1,0 +1,116 @@
+"""benchmarks/gpu_suite.py in --smoke mode on a CPU: every stage runs, writes its JSON and
+the page, resumes without redoing finished work, and bad input is one line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import gpu_data  # noqa: E402
+import gpu_report  # noqa: E402
+import gpu_stages  # noqa: E402
+import gpu_suite  # noqa: E402
+
+
+def _suite(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "benchmarks.gpu_suite", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A prepared byte-level corpus packed the way a GPU call carries it."""
+    base = tmp_path_factory.mktemp("corpus")
+    lines = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(400)]
+    src = base / "src"
+    src.mkdir()
+    for i in range(40):
+        (src / f"doc{i}.txt").write_text("".join(lines[i * 10 : (i + 1) * 10]))
+    subprocess.run([sys.executable, "-m", "rope_jax.data.prepare", f"--source={src}/*.txt",
+                    "--tokenizer=bytes", "--name=tiny", f"--data_dir={base}", "--quiet",
+                    "--held_out_percent=10"], cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+    out = base / "packed"
+    info = gpu_data.pack(str(base / "tiny"), str(out), train_tokens=5000, also=[])
+    return out, info
+
+
+def test_pack_writes_the_splits_and_counts_bytes(corpus):
+    out, info = corpus
+    train = np.load(out / "train.npy")
+    val, val_bytes = np.load(out / "validation.npy"), np.load(out / "validation_bytes.npy")
+    assert train.dtype == np.uint16 and train.size == info["train_tokens"] == 5000
+    assert val.size == val_bytes.size == info["validation_tokens"] > 0
+    assert info["validation_bytes"] == int(np.sum(val < 256))  # bytes: all but EOS are 1 byte
+    assert json.loads((out / "meta.json").read_text())["vocab_size"] == 259
+
+
+def test_pack_refuses_what_would_not_travel(corpus, tmp_path, monkeypatch):
+    out, _ = corpus
+    monkeypatch.setattr(gpu_data, "LIMIT_MIB", 1)
+    with pytest.raises(SystemExit, match=r"MiB over the 1 MiB a call carries"):
+        gpu_data.pack(str(out.parent / "tiny"), str(tmp_path / "x"), train_tokens=5000, also=[])
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+def test_every_stage_runs_in_smoke_mode_and_resumes(corpus, tmp_path):
+    data, _ = corpus
+    out = tmp_path / "gpu"
+    proc = _suite("--out", str(out), "--smoke", "--budget_s=400", "--data", str(data))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = {s: json.loads((out / f"{s}.json").read_text()) for s in gpu_suite.ORDER}
+    assert all(r["done"] for r in results.values()), {s: r.get("errors") for s, r in
+                                                      results.items()}  # fmt: skip
+    kernels = results["kernels"]
+    assert kernels["impls"] == ["dot_product", "chunked"]
+    assert all(row["ok"] for case in kernels["cases"].values() for row in case["rows"])
+    assert all(d["ok"] for d in kernels["decode"].values())
+    ran = [m for m in results["step1b"]["settings"].values() if not m.get("oom")]
+    assert ran and all(m["tokens_per_s"] > 0 and m["last_loss"] > 0 for m in ran)
+    rung = results["rung"]
+    assert set(rung["rows"]) == {"nope", "qkvo"}
+    for row in rung["rows"].values():  # trained: below the uniform guess over 259 ids
+        assert row["loss"] < np.log(259) and row["bits_per_byte"] > 0
+    page = (out / "gpu_suite.md").read_text()
+    for stage in gpu_suite.ORDER:
+        assert f"## {stage} (done" in page
+
+    # a rerun finds every stage done and changes nothing
+    before = {s: (out / f"{s}.json").read_text() for s in gpu_suite.ORDER}
+    again = _suite("--out", str(out), "--smoke", "--budget_s=100", "--data", str(data))
+    assert again.returncode == 0 and again.stdout.count("already done") == len(gpu_suite.ORDER)
+    assert before == {s: (out / f"{s}.json").read_text() for s in gpu_suite.ORDER}
+
+
+def test_a_stage_resumes_after_its_finished_items(tmp_path):
+    """A rung cut off after one row keeps it and runs only the others."""
+    row = {"loss": 1.0, "bits_per_byte": 0.5, "train_s": 1.0, "compile_s": 1.0}
+    r = {"steps": 3, "rows": {"nope": row}}
+    gpu_suite.save(str(tmp_path), "rung", r)
+    assert gpu_suite.load(str(tmp_path), "rung") == r
+    assert gpu_suite.load(str(tmp_path), "kernels") == {}
+    page = gpu_report.render({"rung": {**r, "stopped_for_time": True}})
+    assert "## rung (partial, stopped for time)" in page
+    assert "Rows finished: 1 of 9" in page
+
+
+def test_kernel_items_put_the_common_cases_first():
+    items = gpu_stages.kernel_items(["dot_product", "chunked"], ("float32", "bfloat16"), False)
+    keys = [key for _, key, _ in items]
+    assert keys[:2] == ["separate/qk", "separate/qkvo"]
+    loss = [k for kind, k, _ in items if kind == "loss" and not k.startswith("segments")]
+    assert len(loss) == 17 and len(set(keys)) == len(keys)  # 16 site subsets + tied
+
+
+def test_bad_stage_is_one_line():
+    proc = _suite("--out", "/tmp/unused", "--stage=kernel")
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [
+        "gpu_suite: --stage='kernel': stages are all or check, kernels, step1b, rung, peer"
+    ]
