@@ -2,7 +2,11 @@
 first training tokens and its validation split as plain arrays, within the size limit.
 
   python benchmarks/gpu_data.py --dataset=~/rope_data/linux_mix8k --out=gpu_data \
-      --train_tokens=16000000
+      --train_tokens=16000000 --wheels=.whl
+
+On the GPU machine (no network): `pip install --no-index --no-deps --target /tmp/site
+.whl/*.whl`, `PYTHONPATH=/tmp/site:.`, then `python -m benchmarks.gpu_suite ... --data
+gpu_data`, carrying `gpu_data` and `.whl`.
 
 Writes OUT/train.npy (uint16 tokens: the training stream from its start, documents
 joined by EOS, as training reads it), OUT/validation.npy and OUT/validation_bytes.npy
@@ -24,6 +28,16 @@ import sys
 import numpy as np
 
 LIMIT_MIB = 64
+# requirements.txt's packages that a GPU image with JAX, flax, optax, orbax and torch lacks
+# (read off the H200 image of 2026-11): `--wheels=DIR` downloads them for Python 3.12
+WHEELS = ("array_record==0.8.6", "dm-tree==0.1.10", "docstring_parser==0.18.0",
+          "googleapis-common-protos==1.76.0", "grain==0.2.18", "immutabledict==4.3.1",
+          "importlib_resources==7.1.0", "ml_collections==1.1.0", "portpicker==1.6.0",
+          "promise==2.3", "simple-parsing==0.1.9", "tensorboardX==2.6.5",
+          "tensorflow-datasets==4.9.10", "tensorflow-metadata==1.21.0", "termcolor==3.3.0",
+          "toml==0.10.2")  # fmt: skip
+PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64",
+             "manylinux_2_27_x86_64", "manylinux_2_28_x86_64", "manylinux_2_31_x86_64")  # fmt: skip
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHUNK = 1 << 20  # tokens read per call
 
@@ -95,13 +109,30 @@ def pack(dataset: str, out: str, *, train_tokens: int, also: list[str]) -> dict:
     return info
 
 
+def download_wheels(folder: str) -> None:
+    """WHEELS for CPython 3.12 on x86-64 Linux into `folder` (a source-only package is
+    built into a wheel here: it is pure Python)."""
+    pip = [sys.executable, "-m", "pip", "-q"]
+    for spec in WHEELS:
+        plat = [x for p in PLATFORMS for x in ("--platform", p)]
+        got = subprocess.run([*pip, "download", "--no-deps", "--only-binary=:all:",
+                              "--python-version", "3.12", "--implementation", "cp", *plat,
+                              "-d", folder, spec], capture_output=True)  # fmt: skip
+        if got.returncode:
+            subprocess.run([*pip, "wheel", "--no-deps", "-w", folder, spec], check=True)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", required=True, help="a prepared dataset directory")
     p.add_argument("--out", default=os.path.join(_ROOT, "gpu_data"))
     p.add_argument("--train_tokens", type=int, default=16_000_000)
     p.add_argument("--also", default="", help="comma list of other carried folders (wheels)")
+    p.add_argument("--wheels", default="", help="first download WHEELS into this folder")
     args = p.parse_args(argv)
+    if args.wheels:
+        download_wheels(args.wheels)
+        args.also = ",".join(filter(None, [args.also, args.wheels]))
     if not os.path.isfile(os.path.join(os.path.expanduser(args.dataset), "metadata.json")):
         raise SystemExit(f"gpu_data: {args.dataset} is not a prepared dataset (no metadata.json)")
     info = pack(args.dataset, args.out, train_tokens=args.train_tokens,

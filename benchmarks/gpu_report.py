@@ -150,6 +150,28 @@ def _peer(r: dict) -> list[str]:
     return out
 
 
+def rung_as_sweep(rung: dict) -> dict | None:
+    """The rung in the format of a sweep's results JSON (`rope_jax.experiments.sweep`), so
+    that `rope_jax.experiments.ladder` puts it beside the other rungs; None before the
+    rung ran."""
+    from configs import lm
+
+    if not rung.get("rows"):
+        return None
+    s, t = rung["shape"], str(rung["shape"]["seq_len"])
+    settings = {f"model.{k}": s[k] for k in ("num_layers", "embed_dim", "num_heads",
+                                             "num_kv_heads", "head_dim", "mlp_dim")}  # fmt: skip
+    settings.update({"data.name": rung["data"]["dataset"], "data.seq_len": s["seq_len"],
+                     "data.global_batch_size": s["batch"], "train.num_steps": rung["steps"],
+                     "optim.lr": s["lr"], "data.tokenizer": rung["data"]["tokenizer"]})  # fmt: skip
+    runs = lambda m: [{"seed": 0, "loss": {t: m["loss"]}, "bits_per_byte": {t: m["bits_per_byte"]}}]
+    return {"title": "VO-RoPE site ablation, GPU rung (benchmarks/gpu_suite.py)",
+            "settings": settings, "article_loss": lm.ARTICLE_LOSS, "seeds": [0],
+            "seq_lens": [t], "device": rung.get("device"),
+            "command": "python -m benchmarks.gpu_suite --stage=rung",
+            "rows": {r: {"runs": runs(m)} for r, m in rung["rows"].items()}}  # fmt: skip
+
+
 def render(results: dict) -> str:
     lines = ["# GPU suite", "",
              "Command: `python -m benchmarks.gpu_suite --out DIR --stage=all --budget_s=N` "

@@ -27,7 +27,8 @@ a stage, finished items (kernel cases, step1b settings, rung rows), so a run cut
 its time limit resumes with the same command. `--budget_s` is the wall time of the
 whole command; each stage gets a share of it (SHARES) plus whatever earlier stages left,
 and stops starting new items when its next one would not fit. OUT/gpu_suite.md is the
-page rendered from the JSON files after every stage.
+page rendered from the JSON files after every stage, and OUT/rung_sweep.json the rung
+in a sweep's format, for `python -m rope_jax.experiments.ladder`.
 
 `--smoke` runs every stage with tiny shapes and a few steps, on any backend: the test
 suite runs it on a CPU so that the command cannot rot between GPU runs.
@@ -169,6 +170,9 @@ def _write_page(args) -> None:
     page = gpu_report.render({s: load(args.out, s) for s in ORDER})
     with open(os.path.join(args.out, "gpu_suite.md"), "w") as f:
         f.write(page)
+    sweep = gpu_report.rung_as_sweep(load(args.out, "rung"))
+    if sweep:  # for `python -m rope_jax.experiments.ladder --sweeps=...,OUT/rung_sweep.json`
+        save(args.out, "rung_sweep", sweep)
 
 
 if __name__ == "__main__":
