@@ -1,12 +1,12 @@
 """The corpus that travels to a GPU machine for `gpu_suite`'s rung: a prepared dataset's
 first training tokens and its validation split as plain arrays, within the size limit.
 
-  python benchmarks/gpu_data.py --dataset=~/rope_data/linux_mix8k --out=gpu_data \
+  python benchmarks/gpu_data.py --dataset=~/rope_data/linux_mix8k --out=gpu_corpus \
       --train_tokens=16000000 --wheels=.whl
 
 On the GPU machine (no network): `pip install --no-index --no-deps --target /tmp/site
 .whl/*.whl`, `PYTHONPATH=/tmp/site:.`, then `python -m benchmarks.gpu_suite ... --data
-gpu_data`, carrying `gpu_data` and `.whl`.
+gpu_corpus`, carrying `gpu_corpus` and `.whl`.
 
 Writes OUT/train.npy (uint16 tokens: the training stream from its start, documents
 joined by EOS, as training reads it), OUT/validation.npy and OUT/validation_bytes.npy
@@ -125,7 +125,7 @@ def download_wheels(folder: str) -> None:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", required=True, help="a prepared dataset directory")
-    p.add_argument("--out", default=os.path.join(_ROOT, "gpu_data"))
+    p.add_argument("--out", default=os.path.join(_ROOT, "gpu_corpus"))
     p.add_argument("--train_tokens", type=int, default=16_000_000)
     p.add_argument("--also", default="", help="comma list of other carried folders (wheels)")
     p.add_argument("--wheels", default="", help="first download WHEELS into this folder")

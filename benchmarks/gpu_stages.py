@@ -474,7 +474,9 @@ def _rung_config(shape: dict, sites: str, vocab: int, steps: int, impl: str):
         "model.vocab_size": vocab, "model.dtype": "bfloat16", "model.rope.sites": sites,
         "model.attention.impl": impl, "data.seq_len": shape["seq_len"],
         "data.global_batch_size": shape["batch"], "train.num_steps": steps,
-        "optim.lr": shape["lr"], "optim.warmup_steps": shape["warmup"]})  # fmt: skip
+        "optim.lr": shape["lr"],
+        # a short run still reaches the peak learning rate: warm-up <= a tenth of it
+        "optim.warmup_steps": min(shape["warmup"], max(steps // 10, 1))})  # fmt: skip
     return config
 
 

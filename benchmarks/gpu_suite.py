@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stage", default="all", help=f"all or a comma list of {', '.join(ORDER)}")
     p.add_argument("--budget_s", type=float, default=500.0, help="wall seconds for the command")
     p.add_argument("--smoke", action="store_true", help="tiny shapes and few steps (any backend)")
-    p.add_argument("--data", default=os.path.join(_ROOT, "gpu_data"),
+    p.add_argument("--data", default=os.path.join(_ROOT, "gpu_corpus"),
                    help="the travelling corpus (benchmarks/gpu_data.py) for the rung")  # fmt: skip
     p.add_argument("--report", action="store_true", help="only re-render OUT/gpu_suite.md")
     # a child's own arguments (set by the parent)

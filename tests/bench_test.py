@@ -3,6 +3,7 @@
 import importlib.util
 import math
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -252,3 +253,20 @@ def test_products_bench_times_every_dense_layer_in_every_form(monkeypatch):
     assert rows[2]["flops"] == 3 * 2 * (2 * 8) * (2 * 8 * 16)
     text = pb.report("tiny", rows, {"f32_gflops": 100.0, "bf16_gflops": 250.0}, "cmd")
     assert "(2.50x)" in text and text.count("\n| ") == 1 + len(rows) + 1  # header, layers, total
+
+
+@pytest.mark.slow
+def test_scale_smoke_trains_saves_restores_and_decodes_a_preset(tmp_path):
+    """benchmarks/scale_smoke.py end to end on the tiny preset (the 1b run is its page)."""
+    out = tmp_path / "scale.md"
+    proc = subprocess.run(
+        [sys.executable, str(_BENCHMARKS / "scale_smoke.py"), "--size=tiny",
+         "--batch=2", "--seq_len=32", "--steps=2", f"--out={out}", f"--tmp={tmp_path}"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    page = out.read_text()
+    assert "restored state bit-identical: True" in page
+    for phase in ("init", "compile", "train", "save", "restore", "eval", "decode"):
+        assert f"| {phase} | " in page
+    assert "decoded 8 tokens" in page

@@ -32,9 +32,10 @@ def corpus(tmp_path_factory):
     src.mkdir()
     for i in range(40):
         (src / f"doc{i}.txt").write_text("".join(lines[i * 10 : (i + 1) * 10]))
-    subprocess.run([sys.executable, "-m", "rope_jax.data.prepare", f"--source={src}/*.txt",
-                    "--tokenizer=bytes", "--name=tiny", f"--data_dir={base}", "--quiet",
-                    "--held_out_percent=10"], cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+    prepare = [sys.executable, "-m", "rope_jax.data.prepare", f"--source={src}/*.txt",
+               "--tokenizer=bytes", "--name=tiny", f"--data_dir={base}", "--quiet",
+               "--held_out_percent=10"]  # fmt: skip
+    subprocess.run(prepare, cwd=ROOT, check=True, capture_output=True)
     out = base / "packed"
     info = gpu_data.pack(str(base / "tiny"), str(out), train_tokens=5000, also=[])
     return out, info

@@ -1,0 +1,287 @@
+"""The `1b` preset end to end on this machine, with where its memory goes.
+
+  python benchmarks/scale_smoke.py --out results/scale_smoke.md
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 \
+      python benchmarks/scale_smoke.py --mesh=1,8,1 --only=plan --out results/scale_smoke_fsdp8.md
+
+Builds `size=1b` (bf16 compute, `chunked` attention, remat as the preset says) with a small
+batch (B sequences of T tokens, synthetic), then, each phase timed and its peak resident
+memory sampled every 5 ms by a thread:
+
+  init     the train state (float32 parameters, AdamW moments) allocated on the devices
+  compile  the train step lowered and compiled (XLA's own byte counts of the program)
+  train    --steps steps
+  save     an Orbax checkpoint through the harness (`checkpoint.Manager`, checksums)
+  restore  the checkpoint into a fresh state, compared bit for bit with the trained one
+  eval     one evaluation batch (loss)
+  decode   greedy decoding of a few tokens from the restored parameters
+
+and the breakdown of the peak: parameters, gradients (a float32 copy of the
+parameters, alive inside the step), optimiser state, activations (the compiled step's
+temporaries, which hold the gradients too: XLA reports them together), and the rest
+(the runtime, the compiled program, host copies). `--only=plan` compiles the step and
+reports the per-device bytes of each part without running it (for the 8-device mesh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import tempfile
+import threading
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for _path in (_ROOT, os.path.join(_ROOT, "benchmarks")):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from bench_child import cpu_name  # noqa: E402
+
+GIB = 2**30
+
+
+class RssSampler:
+    """The process's resident set size sampled every `interval` s in a thread; `phase`
+    marks where the samples belong, `peaks` holds each phase's maximum."""
+
+    def __init__(self, interval: float = 0.005):
+        import psutil
+
+        self._proc = psutil.Process()
+        self.interval, self.peaks, self._phase = interval, {}, None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            rss = self._proc.memory_info().rss
+            if self._phase is not None:
+                self.peaks[self._phase] = max(self.peaks.get(self._phase, 0), rss)
+            time.sleep(self.interval)
+
+    def phase(self, name: str) -> None:
+        self._phase = name
+        self.peaks[name] = max(self.peaks.get(name, 0), self._proc.memory_info().rss)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def tree_bytes(tree) -> int:
+    import jax
+
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def per_device_bytes(tree) -> int:
+    """Bytes of `tree` on one device (the largest shard of each array)."""
+    import jax
+
+    total = 0
+    for x in jax.tree.leaves(tree):
+        shape = x.sharding.shard_shape(x.shape) if hasattr(x, "sharding") else x.shape
+        n = 1
+        for d in shape:
+            n *= d
+        total += n * x.dtype.itemsize
+    return total
+
+
+def config_for(args):
+    from configs import lm
+
+    config = lm.get_config(f"size={args.size}")
+    config.update_from_flattened_dict({
+        "model.dtype": "bfloat16", "model.attention.impl": "chunked",
+        "data.seq_len": args.seq_len, "data.global_batch_size": args.batch,
+        "eval.batch_size": args.batch, "mesh.shape": tuple(args.mesh)})  # fmt: skip
+    return config
+
+
+def plan(args) -> dict:
+    """Per-device bytes of each part, from shapes and the compiled step (nothing runs)."""
+    import jax
+
+    from rope_jax import harness, sharding
+
+    config = config_for(args)
+    run = harness.build(config, vocab_from_data=False)
+    with sharding.use_mesh(run.mesh, run.rules):
+        batch = harness.abstract_batch(args.batch, args.seq_len, run.batch_sharding)
+        compiled = run.train_step.lower(run.abstract, batch).compile()
+    mem = compiled.memory_analysis()
+    params = per_device_bytes(run.abstract["params"])
+    return dict(
+        devices=jax.device_count(),
+        mesh=list(args.mesh),
+        params=params,
+        grads=per_device_bytes(
+            jax.tree.map(
+                lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=p.sharding),
+                run.abstract["params"],
+            )
+        ),  # fmt: skip
+        opt=per_device_bytes(run.abstract["opt"]),
+        temp=mem.temp_size_in_bytes,
+        arguments=mem.argument_size_in_bytes,
+        outputs=mem.output_size_in_bytes,
+        aliased=mem.alias_size_in_bytes,
+    )
+
+
+def measure(args) -> dict:
+    import jax
+    import numpy as np
+    from bench_shapes import synthetic_batch
+
+    from rope_jax import harness, sharding
+    from rope_jax.nn import generate
+
+    sampler = RssSampler()
+    out, times = {}, {}
+    config = config_for(args)
+    b, t = args.batch, args.seq_len
+
+    def timed(name, fn):
+        sampler.phase(name)
+        start = time.perf_counter()
+        result = fn()
+        if any(isinstance(x, jax.Array) for x in jax.tree.leaves(result)):
+            jax.block_until_ready(result)
+        times[name] = time.perf_counter() - start
+        return result
+
+    run = harness.build(config, vocab_from_data=False)
+    with sharding.use_mesh(run.mesh, run.rules):
+        state = timed("init", lambda: jax.jit(run.init_fn, out_shardings=run.shardings)())
+        batches = [harness.put_batch(synthetic_batch(b, t, s), run.batch_sharding)
+                   for s in range(2)]  # fmt: skip
+        lower = run.train_step.lower
+        compiled = timed("compile", lambda st=state: lower(st, batches[0]).compile())
+        mem = compiled.memory_analysis()
+        losses = []
+        sampler.phase("train")
+        start = time.perf_counter()
+        for i in range(args.steps):
+            state, m = compiled(state, batches[i % 2])
+            losses.append(float(m["loss"]))
+        times["train"] = time.perf_counter() - start
+        restored, same = _save_and_restore(args, run, state, timed)
+        del state
+        sums = timed("eval", lambda: run.eval_step(restored["params"], batches[0]))
+        from flax import nnx
+
+        net = nnx.merge(run.graphdef, restored["params"])
+        prompt = np.asarray(batches[0]["inputs"])[:1, :16]
+        new = timed("decode", lambda: generate.generate(net, prompt, max_new_tokens=8))
+    sampler.stop()
+    params = tree_bytes(restored["params"])
+    opt = tree_bytes(restored["opt"])
+    out.update(
+        times=times,
+        step_s=times["train"] / args.steps,
+        losses=losses,
+        eval_loss=float(sums["loss_sum"] / sums["weight_sum"]),
+        decoded=np.asarray(new).tolist(),
+        restored_equal=same,
+        peaks=sampler.peaks,
+        params=params,
+        grads=params,
+        opt=opt,
+        temp=mem.temp_size_in_bytes,
+        arguments=mem.argument_size_in_bytes,
+        aliased=mem.alias_size_in_bytes,
+    )
+    return out
+
+
+def digests(tree) -> list[str]:
+    """sha256 of every array's bytes, one array on the host at a time."""
+    import hashlib
+
+    import jax
+    import numpy as np
+
+    return [hashlib.sha256(np.ascontiguousarray(jax.device_get(x)).tobytes()).hexdigest()
+            for x in jax.tree.leaves(tree)]  # fmt: skip
+
+
+def _save_and_restore(args, run, state, timed):
+    """Saves `state` through the harness, drops it, restores the checkpoint, as a resumed
+    run does: (restored, whether every array is bit-identical, by sha256)."""
+    import gc
+
+    from rope_jax.harness import checkpoint
+
+    before = digests(state)
+    with tempfile.TemporaryDirectory(dir=args.tmp) as workdir:
+        manager = checkpoint.Manager(workdir, keep=1)
+        timed("save", lambda: manager.save(args.steps, state, {"step": args.steps}))
+        state.clear()  # the caller's dict: its arrays go
+        gc.collect()
+        restored, _ = timed("restore", lambda: manager.restore(args.steps, run.abstract))
+        manager.close()
+    return restored, digests(restored) == before
+
+
+def render(args, m: dict | None, p: dict | None) -> str:
+    lines = [f"# The {args.size} preset on a CPU", "",
+             f"Command: `python benchmarks/scale_smoke.py {' '.join(sys.argv[1:])}`", "",
+             f"Date: {datetime.date.today()}. Machine: {cpu_name()}, "
+             f"{os.cpu_count()} cores. `size={args.size}`, bf16 compute, float32 parameters "
+             f"and AdamW state, `chunked` attention, B = {args.batch}, T = {args.seq_len}, "
+             "synthetic tokens.", ""]  # fmt: skip
+    if m:
+        state = m["params"] + m["opt"]
+        lines += ["| phase | seconds | peak RSS GiB |", "|---|---|---|"]
+        for name, peak in m["peaks"].items():
+            lines.append(f"| {name} | {m['times'].get(name, 0):.1f} | {peak / GIB:.2f} |")
+        peak = max(m["peaks"].values())
+        rest = peak - state - m["temp"]
+        losses = ", ".join(f"{x:.3f}" for x in m["losses"])
+        lines += ["", f"Step {m['step_s']:.1f} s; losses {losses}; "
+                  f"restored state bit-identical: {m['restored_equal']}; eval loss "
+                  f"{m['eval_loss']:.3f}; decoded {len(m['decoded'][0])} tokens.", "",
+                  "| part | GiB |", "|---|---|",
+                  f"| parameters (float32) | {m['params'] / GIB:.2f} |",
+                  f"| optimiser state (AdamW moments) | {m['opt'] / GIB:.2f} |",
+                  f"| step temporaries (gradients, activations; XLA) | {m['temp'] / GIB:.2f} |",
+                  f"| rest (runtime, program, host copies) | {rest / GIB:.2f} |",
+                  f"| **peak RSS** | **{peak / GIB:.2f}** |"]  # fmt: skip
+    if p:
+        lines += ["", f"Per device on {p['devices']} devices, mesh {tuple(p['mesh'])} "
+                  "(compiled, not run):", "", "| part | GiB per device |", "|---|---|",
+                  f"| parameters | {p['params'] / GIB:.3f} |",
+                  f"| gradients | {p['grads'] / GIB:.3f} |",
+                  f"| optimiser state | {p['opt'] / GIB:.3f} |",
+                  f"| step temporaries (XLA) | {p['temp'] / GIB:.3f} |"]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="")
+    p.add_argument("--size", default="1b", help="the preset (tiny for a quick check)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq_len", type=int, default=128)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--mesh", default="-1,1,1", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--only", choices=["all", "plan"], default="all")
+    p.add_argument("--tmp", default=None, help="where the checkpoint is written (then removed)")
+    args = p.parse_args(argv)
+    m = measure(args) if args.only == "all" else None
+    pl = plan(args) if args.only == "plan" else None
+    page = render(args, m, pl)
+    print(page)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(page)
+
+
+if __name__ == "__main__":
+    main()
