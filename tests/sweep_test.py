@@ -434,3 +434,14 @@ def test_killing_the_sweep_outright_ends_its_child(tmp_path):
     while not (tmp_path / "term").exists() and time.time() < deadline:
         time.sleep(0.1)
     assert (tmp_path / "term").exists(), "the child did not get SIGTERM when the sweep died"
+
+
+def test_seed_in_a_set_value_becomes_each_runs_seed():
+    """A retrofit row starts from the base run of its own seed."""
+    args = sweep.parse_args(["--config=configs/lm.py:size=tiny", "--workdir=/tmp/unused",
+                             "--rows=vo", "--seeds=2",
+                             "--set", "train.init_from=runs/base/qk/seed_{seed}"])  # fmt: skip
+    runs, context = plan.plan(args)
+    flags = {run.seed: [f for f in run.flags if "init_from" in f] for run in runs}
+    assert flags == {0: ["--config.train.init_from=runs/base/qk/seed_0"],
+                     1: ["--config.train.init_from=runs/base/qk/seed_1"]}  # fmt: skip

@@ -28,6 +28,9 @@ OPTIONAL_SETTINGS = {"data.tokenizer": "", "data.packing": "stream"}
 # One training job: train.py arguments, the step it ends at, eval lengths (T first).
 # splits: held-out splits eval.py scores at T (config eval.splits; multimodal data).
 Job = collections.namedtuple("Job", "row seed workdir flags final_step seq_lens splits")
+# "{seed}" in a string value becomes each run's seed: a row can start from the run of the
+# same seed of another sweep (--set train.init_from=runs/base/qk/seed_{seed})
+SEED_FIELD = "{seed}"
 
 
 class SweepError(ValueError):
@@ -193,7 +196,8 @@ def plan(args) -> tuple[list[Job], dict]:
         for seed in range(args.seeds):
             workdir = os.path.abspath(os.path.join(args.workdir, row, f"seed_{seed}"))
             head = [f"--config={config_arg}", f"--workdir={workdir}", f"--config.seed={seed}"]
-            runs.append(Job(row, seed, workdir, head + flags, config.train.num_steps, lens,
+            seeded = [f.replace(SEED_FIELD, str(seed)) for f in flags]
+            runs.append(Job(row, seed, workdir, head + seeded, config.train.num_steps, lens,
                             splits))  # fmt: skip
     if len({run.seq_lens[0] for run in runs}) > 1:
         raise SweepError("rows set different data.seq_len; the table compares them at one T")

@@ -79,7 +79,8 @@ def parse_args(argv):
     p.add_argument("--overwrite", action="store_true",
                    help="replace <results>.* even if they were made by another plan")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override for every run; repeatable or comma-separated")  # fmt: skip
+                   help="config override for every run; repeatable or comma-separated; "
+                        "{seed} in a value is the run's seed")  # fmt: skip
     slurm.add_flags(p)
     return p.parse_args(argv)
 
