@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import os
 import sys
 import tempfile
@@ -64,6 +65,10 @@ class RssSampler:
             time.sleep(self.interval)
 
     def phase(self, name: str) -> None:
+        if self._phase is not None:  # the last phase's peak, said as it ends
+            print(f"scale_smoke: {self._phase} peak RSS {self.peaks[self._phase] / GIB:.2f} GiB",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        print(f"scale_smoke: {name} ...", file=sys.stderr, flush=True)
         self._phase = name
         self.peaks[name] = max(self.peaks.get(name, 0), self._proc.memory_info().rss)
 
@@ -159,6 +164,7 @@ def measure(args) -> dict:
     run = harness.build(config, vocab_from_data=False)
     with sharding.use_mesh(run.mesh, run.rules):
         state = timed("init", lambda: jax.jit(run.init_fn, out_shardings=run.shardings)())
+        gc.collect()  # as the training loop does after init or restore
         batches = [harness.put_batch(synthetic_batch(b, t, s), run.batch_sharding)
                    for s in range(2)]  # fmt: skip
         lower = run.train_step.lower
@@ -173,6 +179,7 @@ def measure(args) -> dict:
         times["train"] = time.perf_counter() - start
         restored, same = _save_and_restore(args, run, state, timed)
         del state
+        gc.collect()
         sums = timed("eval", lambda: run.eval_step(restored["params"], batches[0]))
         from flax import nnx
 
@@ -214,8 +221,6 @@ def digests(tree) -> list[str]:
 def _save_and_restore(args, run, state, timed):
     """Saves `state` through the harness, drops it, restores the checkpoint, as a resumed
     run does: (restored, whether every array is bit-identical, by sha256)."""
-    import gc
-
     from rope_jax.harness import checkpoint
 
     before = digests(state)

@@ -258,13 +258,12 @@ def array_checksums(state) -> dict[str, dict[str, int]]:
     C order, so any sharding of it gives the same sum), else the index of each of this
     process's shards ("0:16,0:32"; replica 0 only).
     """
-    leaves = jax.tree_util.tree_leaves_with_path(state)
-    local = [not isinstance(x, jax.Array) or x.is_fully_addressable for _, x in leaves]
-    host = jax.device_get([x for (_, x), ok in zip(leaves, local, strict=True) if ok])
-    host_iter, out = iter(host), {}
-    for (path, x), ok in zip(leaves, local, strict=True):
-        if ok:
-            out[leaf_name(path)] = {"all": _crc32(next(host_iter))}
+    out = {}
+    for path, x in jax.tree_util.tree_leaves_with_path(state):
+        if not isinstance(x, jax.Array) or x.is_fully_addressable:
+            # one array on the host at a time: a copy of the whole state would double
+            # the memory a save needs
+            out[leaf_name(path)] = {"all": _crc32(jax.device_get(x))}
         else:
             out[leaf_name(path)] = {
                 _shard_key(s.index): _crc32(s.data)

@@ -81,8 +81,10 @@ def generate(
             )
         next_position = jnp.max(positions[:, -1], axis=-1) + 1.0  # [B]
     next_position = jnp.broadcast_to(jnp.asarray(next_position, jnp.float32), (b,))
+    graphdef, state = nnx.split(model)  # the weights go in as an argument, not out again
     return _generate(
-        model,
+        graphdef,
+        state,
         prompt_tokens,
         positions,
         patches,
@@ -95,9 +97,10 @@ def generate(
     )
 
 
-@functools.partial(nnx.jit, static_argnames=("max_new_tokens", "greedy"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "greedy"))
 def _generate(
-    model,
+    graphdef,
+    state,
     tokens,
     positions,
     patches,
@@ -109,6 +112,9 @@ def _generate(
     max_new_tokens: int,
     greedy: bool,
 ):
+    # jax.jit, not nnx.jit: nnx.jit would return the model's state, a second copy of every
+    # weight; decoding changes none of them
+    model = nnx.merge(graphdef, state)
     b, t = tokens.shape
     keys = jax.random.split(key, max_new_tokens)
 
