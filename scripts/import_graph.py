@@ -2,6 +2,7 @@ r"""Draws the package's import graph into docs/packages.png (and prints it as te
 
   python scripts/import_graph.py            # docs/packages.png
   python scripts/import_graph.py --check    # only list the floors; fails on an import cycle
+                                            # or a function over MAX_FUNCTION_LINES lines
 
 Every module of `rope_jax` is a box; an arrow a -> b means a imports b (dashed: inside
 a function, imported only when called). Modules are stacked in floors: a module sits one
@@ -103,6 +104,27 @@ def draw(edges, level, out: pathlib.Path) -> None:
     plt.close(fig)
 
 
+MAX_FUNCTION_LINES = 80
+CHECKED = ("rope_jax", "configs", "benchmarks", "scripts", "train.py", "eval.py")
+
+
+def long_functions(paths=None, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """`file:line name (N lines)` of every function longer than `limit` lines (its
+    decorators and docstring included)."""
+    found = []
+    for top in paths or [ROOT / p for p in CHECKED]:
+        top = pathlib.Path(top)
+        for path in sorted(top.rglob("*.py") if top.is_dir() else [top]):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                    n = node.end_lineno - first + 1
+                    if n > limit:
+                        rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+                        found.append(f"{rel}:{node.lineno} {node.name} ({n} lines)")
+    return found
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=str(ROOT / "docs" / "packages.png"))
@@ -115,7 +137,10 @@ def main(argv=None) -> int:
     if not args.check:
         draw(edges, level, pathlib.Path(args.out))
         print(f"wrote {args.out}")
-    return 0
+    too_long = long_functions()
+    for line in too_long:
+        print(f"over {MAX_FUNCTION_LINES} lines: {line}")
+    return 1 if too_long else 0
 
 
 if __name__ == "__main__":

@@ -580,34 +580,61 @@ def _mix_splash(
     if dynamic or q_segments is not None:
         segs = dict(q_segments=q_segments, kv_segments=kv_segments, mask=mask)
         has_key = _rows_with_keys(_dense_keep(t, s, q_offset=q_offset, **segs))
+    heads_mask = _splash_heads_mask(splash, q_offset, mask, dynamic, n, (t, s), (tp, sp))
+    segments = _splash_segments(q_segments, kv_segments, b, s, (tp, sp))
+    kernel = _splash_kernel(splash, heads_mask, bq, bk, dynamic)
 
+    dtype = jnp.result_type(q, k, v)
+    heads_first = lambda x, length: _pad_axis(x.astype(dtype), length, 1).transpose(0, 2, 1, 3)
+    qh = heads_first(q * scale, tp)  # splash does not scale the logits
+    kh_, vh = heads_first(k, sp), heads_first(v, sp)  # [B, K, Sp, H]
+    if segments is None:
+        o = jax.vmap(kernel)(qh, kh_, vh)
+    else:
+        call = lambda q1, k1, v1, qs, ks: kernel(q1, k1, v1, segment_ids=splash.SegmentIds(qs, ks))
+        o = jax.vmap(call)(qh, kh_, vh, *segments)
+    o = o.transpose(0, 2, 1, 3)[:, :t].astype(jnp.float32)  # [B, T, N, H]
+    return o if has_key is None else jnp.where(has_key, o, 0.0)
+
+
+def _splash_heads_mask(splash, q_offset, mask, dynamic: bool, n: int, lengths, padded):
+    """The kernel's mask over the padded [Tp, Sp] square for each of the N heads: a dense
+    one (dynamic: traced offset or user mask, no row left all-skipped) or a lazy one."""
+    (t, s), (tp, sp) = lengths, padded
     if dynamic:
         heads = _dense_keep(t, s, q_offset=q_offset, q_segments=None, kv_segments=None, mask=mask)
         heads = heads[0]  # [1 or N, T, S]: batch 1
-        heads = heads | ~heads.any(-1, keepdims=True)  # no all-skipped rows (zeroed below)
+        heads = heads | ~heads.any(-1, keepdims=True)  # no all-skipped rows (zeroed later)
         heads = _pad_axis(_pad_axis(heads, tp, 1, True), sp, 2, False)
-        heads_mask = jnp.broadcast_to(heads, (n, tp, sp))
-    else:
-        one = (
-            splash.FullMask((tp, sp))
-            if q_offset is None
-            else splash.CausalMask((tp, sp), offset=q_offset)
-        )
-        heads_mask = splash.MultiHeadMask([one] * n)
+        return jnp.broadcast_to(heads, (n, tp, sp))
+    one = (
+        splash.FullMask((tp, sp))
+        if q_offset is None
+        else splash.CausalMask((tp, sp), offset=q_offset)
+    )
+    return splash.MultiHeadMask([one] * n)
 
-    segments = None
+
+def _splash_segments(q_segments, kv_segments, b: int, s: int, padded):
+    """(q ids [B, Tp], kv ids [B, Sp]) for the kernel: the documents' ids padded with an
+    id no real token has, or ids that mask the padded keys alone; None when neither."""
+    tp, sp = padded
     if q_segments is not None:
         pad_id = jnp.minimum(q_segments.min(), kv_segments.min()) - 1  # matches no real key
-        segments = (
+        return (
             _pad_axis(q_segments.astype(jnp.int32), tp, 1, pad_id),
             _pad_axis(kv_segments.astype(jnp.int32), sp, 1, pad_id),
         )
-    elif sp != s:  # mask the padded keys
-        segments = (
+    if sp != s:  # mask the padded keys
+        return (
             jnp.zeros((b, tp), jnp.int32),
             jnp.broadcast_to((jnp.arange(sp) >= s).astype(jnp.int32), (b, sp)),
         )
+    return None
 
+
+def _splash_kernel(splash, heads_mask, bq: int, bk: int, dynamic: bool):
+    """The splash multi-head kernel with one block size per axis for every pass."""
     blocks = splash.BlockSizes(
         block_q=bq,
         block_kv=bk,
@@ -626,14 +653,4 @@ def _mix_splash(
             info = getattr(kernel, name)
             if info is not None:
                 setattr(kernel, name, info._replace(is_dynamic_mask=True))
-    dtype = jnp.result_type(q, k, v)
-    heads_first = lambda x, length: _pad_axis(x.astype(dtype), length, 1).transpose(0, 2, 1, 3)
-    qh = heads_first(q * scale, tp)  # splash does not scale the logits
-    kh_, vh = heads_first(k, sp), heads_first(v, sp)  # [B, K, Sp, H]
-    if segments is None:
-        o = jax.vmap(kernel)(qh, kh_, vh)
-    else:
-        call = lambda q1, k1, v1, qs, ks: kernel(q1, k1, v1, segment_ids=splash.SegmentIds(qs, ks))
-        o = jax.vmap(call)(qh, kh_, vh, *segments)
-    o = o.transpose(0, 2, 1, 3)[:, :t].astype(jnp.float32)  # [B, T, N, H]
-    return o if has_key is None else jnp.where(has_key, o, 0.0)
+    return kernel

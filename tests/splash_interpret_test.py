@@ -1,0 +1,61 @@
+"""The TPU splash kernel (`impl="splash"`) run by Pallas's interpreter on a CPU: the same
+kernel code as on a TPU, against `xla`, over the masks it builds (causal, segment ids,
+a traced decoding offset, a dense mask, lengths that are not whole blocks)."""
+
+import functools
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rope_jax.nn import kernels
+
+splash = pytest.importorskip("jax.experimental.pallas.ops.tpu.splash_attention")
+
+
+@pytest.fixture
+def interpreted(monkeypatch):
+    """splash on this backend: the TPU check lifted, the kernel interpreted."""
+    monkeypatch.setattr(kernels, "check_impl", lambda impl, field="impl": impl)
+    monkeypatch.setattr(splash, "make_splash_mha",
+                        functools.partial(splash.make_splash_mha, interpret=True))  # fmt: skip
+
+
+def _qkv(t, s, seed=0):
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.normal(size=(2, t, 4, 64)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(2, s, 2, 64)), jnp.float32) for _ in range(2))
+    return q, k, v
+
+
+CASES = {
+    "causal": lambda t: dict(causal=True),
+    "not causal, padded keys": lambda t: dict(causal=False),
+    "segments": lambda t: dict(causal=True, q_segments=_segments(t), kv_segments=_segments(t)),
+    "traced offset": lambda t: dict(causal=True, q_offset=jnp.asarray(3)),
+    "dense mask": lambda t: dict(
+        causal=True, mask=jnp.asarray(np.random.default_rng(1).random((1, 4, t, t)) > 0.3)
+    ),  # fmt: skip
+}
+
+
+def _segments(t):
+    return jnp.asarray(np.repeat([[0, 1, 2]], [t // 3, t // 3, t - 2 * (t // 3)], axis=1)
+                       .repeat(2, axis=0), jnp.int32)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES)
+def test_splash_equals_xla_in_the_interpreter(interpreted, case):
+    t = 136  # not a whole number of 128-blocks: padding on both axes
+    q, k, v = _qkv(t, t)
+    kw = CASES[case](t)
+    got = kernels.mix(q, k, v, impl="splash", block_size=128, **kw)
+    want = kernels.mix(q, k, v, impl="xla", **kw)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=2e-5)
+
+
+def test_splash_refuses_a_block_size_it_cannot_tile(interpreted):
+    q, k, v = _qkv(16, 16)
+    with pytest.raises(ValueError, match="block_size a multiple of 128"):
+        kernels.mix(q, k, v, impl="splash", block_size=100)
