@@ -76,11 +76,23 @@ def analyse(scratch: dict, retrofit: dict) -> dict:
         first = next((c["step"] for c in curve if c["closed"]), None)
         out["rows"][row] = {"scratch": [s_mean, s_std], "curve": curve, "closed_at": first,
                             "seeds": len(retrofit["rows"][row]["runs"])}  # fmt: skip
+    control = out["rows"].get("qk")  # the same extra steps without a switch
+    for r in out["rows"].values():
+        if control:
+            a, b = r["curve"][-1], control["curve"][-1]
+            r["vs_control"] = [a["loss"] - b["loss"], _noise(a["std"], b["std"])]
     return out
 
 
 def _pm(mean, std) -> str:
     return f"{mean:.3f}" + ("" if std is None else f" ± {std:.3f}")
+
+
+def _vs(pair) -> str:
+    if not pair:
+        return "—"
+    gap, noise = pair
+    return f"{gap:+.3f}" + ("" if noise is None else f" (noise {noise:.3f})")
 
 
 def render(result: dict, command: str) -> str:
@@ -95,11 +107,13 @@ def render(result: dict, command: str) -> str:
            f"scratch qk run of the same seed, {result['steps_retrofit']} more steps as the "
            "row (fresh optimiser and schedule). Held-out loss (nats/token) at T, mean ± std "
            "over seeds; gap = continued - scratch of the same row; 'closed' = the gap is at "
-           "most the combined seed std (or negative)."
+           "most the combined seed std (or negative). The continued qk row is the control: "
+           "the extra steps alone, so the last column compares each switch with no switch "
+           "at equal training."
            + ("" if base is None else f" The qk base itself: {_pm(*base)}."), "",
            "| row | scratch | " + " | ".join(f"continued @{s}" for s in shown)
-           + " | gap at the end | closed at step |",
-           "|---|---|" + "---|" * len(shown) + "---|---|"]  # fmt: skip
+           + " | gap at the end | closed at step | end - continued qk |",
+           "|---|---|" + "---|" * len(shown) + "---|---|---|"]  # fmt: skip
     for row, r in rows.items():
         by_step = {c["step"]: c for c in r["curve"]}
         last = r["curve"][-1]
@@ -107,7 +121,8 @@ def render(result: dict, command: str) -> str:
         out.append(f"| {row} | {_pm(*r['scratch'])} | "
                    + " | ".join(_pm(by_step[s]["loss"], by_step[s]["std"]) for s in shown)
                    + f" | {last['gap']:+.3f}{noise} | "
-                   + f"{r['closed_at'] or 'not within the run'} |")  # fmt: skip
+                   + f"{r['closed_at'] or 'not within the run'} | "
+                   + f"{_vs(r.get('vs_control'))} |")  # fmt: skip
     return "\n".join(out) + "\n"
 
 
