@@ -467,3 +467,19 @@ def test_half_order_takes_interleaved_pairs_to_half_pairs():
                                                            8, 10, 12, 14, 9, 11, 13, 15]
     )  # fmt: skip
     assert weights.to_half("blocks.1.attn.v_bias", bias, 8) is bias  # values keep their order
+
+
+def test_weights_are_read_one_tensor_at_a_time_when_placed():
+    """read_params checks every tensor but reads none: each is read when it is placed."""
+    from rope_jax.hf import convert, weights
+
+    arrays, dtype = convert.read_params(fixture("llama"))
+    assert all(isinstance(t, weights.Tensor) for t in arrays.values())
+    reads = []
+    for t in arrays.values():
+        original = t._handle
+        t._handle = type("Counting", (), {"get_tensor": lambda self, n, o=original:
+                                          reads.append(n) or o.get_tensor(n)})()  # fmt: skip
+    first = next(iter(arrays.values()))
+    assert reads == [] and first.shape == np.asarray(first).shape and len(reads) == 1
+    assert np.asarray(first).dtype == first.dtype == np.dtype(dtype)

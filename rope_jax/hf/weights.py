@@ -36,7 +36,7 @@ import os
 import re
 from collections.abc import Callable
 
-import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy: safetensors' reader needs it)
+import ml_dtypes  # also registers bfloat16 with NumPy: safetensors' reader needs it
 import numpy as np
 
 from rope_jax.hf.config import HFError
@@ -158,9 +158,11 @@ def checkpoint_dtype(directory: str) -> str:
 
 
 def read(directory: str, shapes: dict[str, tuple], *, tied: bool = False) -> tuple[dict, str]:
-    """rope_jax parameter arrays {name: np.ndarray} for the parameter shapes `shapes`
-    {name: shape}, and the checkpoint's dtype ("float32" | "bfloat16"; float16 becomes
-    float32). With `tied`, an `lm_head.weight` in the files is not read (HF ties it)."""
+    """rope_jax parameter arrays {name: Tensor} for the parameter shapes `shapes`
+    {name: shape}, each read when used, and the checkpoint's dtype ("float32" |
+    "bfloat16"; float16 becomes float32). Every name, shape and dtype is checked here,
+    before any tensor is read. With `tied`, an `lm_head.weight` in the files is not read
+    (HF ties it)."""
     files = tensor_files(directory)
     wanted = {hf_name(name)[0]: name for name in shapes}
     extra = [n for n in files if n not in wanted and not _IGNORED.fullmatch(n)
@@ -192,11 +194,31 @@ def read(directory: str, shapes: dict[str, tuple], *, tied: bool = False) -> tup
             raise HFError(f"{directory}: tensor {hf} has shape {list(shape)}; config.json "
                           f"implies {list(want)}")  # fmt: skip
     dtype = DTYPES[first[1]]
-    arrays = {}
-    for hf, name in wanted.items():
-        array = handles[files[hf]].get_tensor(hf)
-        arrays[name] = LAYOUTS[hf_name(name)[1]].to_ours(array, shapes[name]).astype(dtype)
+    arrays = {name: Tensor(handles[files[hf]], hf, name, tuple(shapes[name]), dtype)
+              for hf, name in wanted.items()}  # fmt: skip
     return arrays, dtype
+
+
+class Tensor:
+    """One checkpoint tensor in our layout, read from its file only when asked for
+    (`np.asarray(t)`, `t.astype(dtype)`): a model is placed on its devices one tensor at
+    a time, never whole in host memory."""
+
+    def __init__(self, handle, hf: str, name: str, shape: tuple, dtype: str):
+        self._handle, self._hf, self._name = handle, hf, name
+        self.shape = shape
+        self.dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+
+    def _read(self) -> np.ndarray:
+        array = self._handle.get_tensor(self._hf)
+        return LAYOUTS[hf_name(self._name)[1]].to_ours(array, self.shape).astype(self.dtype)
+
+    def astype(self, dtype) -> np.ndarray:
+        return self._read().astype(dtype)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        array = self._read()
+        return array if dtype is None else array.astype(dtype)
 
 
 # ------------------------------------------------------------------------------ write
