@@ -471,5 +471,5 @@ def test_cli_subprocess(corpus, tmp_path):
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
         "error: --source='/nonexistent/*.txt' matched no files and is not a shipped corpus "
-        "(shakespeare, python_stdlib)"
+        "(shakespeare, python_stdlib, linux_source)"
     ]
