@@ -39,36 +39,29 @@ attention_factor is 1 except for yarn and longrope; an explicit `attention_facto
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from numbers import Integral, Real
 
 import numpy as np
 
-SCALING_KEYS: dict[str, frozenset[str]] = {
-    rope_type: frozenset(f"rope_type partial_rotary_factor {extra}".split())
-    for rope_type, extra in {
-        "default": "",
-        "linear": "factor",
-        "dynamic": "factor",
-        "yarn": "factor original_max_position_embeddings attention_factor beta_fast beta_slow"
-        " mscale mscale_all_dim truncate",
-        "longrope": "factor original_max_position_embeddings attention_factor short_factor"
-        " long_factor",
-        "llama3": "factor original_max_position_embeddings low_freq_factor high_freq_factor",
-        "proportional": "factor",
-    }.items()
-}
-_REQUIRED = {
-    "linear": ("factor",),
-    "dynamic": ("factor",),
-    "longrope": ("short_factor", "long_factor"),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
-}
-_DEFAULTS = {
-    "yarn": {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True},
-    "proportional": {"factor": 1.0},
-}
+BASE_KEYS = "rope_type partial_rotary_factor"  # every rule takes these
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One context-scaling rule, whole: its frequencies and every fact about its keys."""
+
+    frequencies: Callable[..., tuple[np.ndarray, float]]  # (params, *, dim, base, max_pos, seq_len)
+    keys: str = ""  # the keys it takes besides BASE_KEYS
+    required: tuple[str, ...] = ()
+    defaults: Mapping = dataclasses.field(default_factory=dict)
+    check: Callable[[dict], None] | None = None  # relations between its keys
+
+    @property
+    def allowed(self) -> frozenset[str]:
+        return frozenset(f"{BASE_KEYS} {self.keys}".split())
 
 
 def _real(v) -> bool:
@@ -160,7 +153,8 @@ def check_scaling(
     rope_type = params.setdefault("rope_type", "default")
     if not isinstance(rope_type, str) or rope_type not in RULES:
         raise ValueError(f"scaling['rope_type']={rope_type!r} must be one of {', '.join(RULES)}")
-    allowed = SCALING_KEYS[rope_type]
+    rule = RULES[rope_type]
+    allowed = rule.allowed
     for key in params:
         if key not in allowed:
             hint = " (pass the base as base=)" if key == "rope_theta" else ""
@@ -168,14 +162,14 @@ def check_scaling(
                 f"scaling has unknown key {key!r} for rope_type={rope_type!r}{hint}; "
                 f"allowed: {', '.join(sorted(allowed))}"
             )
-    for key in _REQUIRED.get(rope_type, ()):
+    for key in rule.required:
         if key not in params:
             raise ValueError(f"scaling is missing required key {key!r} for rope_type={rope_type!r}")
     for key, value in params.items():
         ok, words = _VALUES.get(key, (bool, ""))  # rope_type is already checked
         if not ok(value):
             raise _bad(key, value, rope_type, words)
-    params = {"partial_rotary_factor": 1.0, **_DEFAULTS.get(rope_type, {}), **params}
+    params = {"partial_rotary_factor": 1.0, **rule.defaults, **params}
     if "original_max_position_embeddings" in allowed and max_pos is not None:
         params.setdefault("original_max_position_embeddings", max_pos)
     dim = None if head_dim is None else _rotary_dim(params, head_dim)
@@ -184,14 +178,20 @@ def check_scaling(
             if dim is not None and len(params[key]) != dim // 2:
                 raise _bad(key, params[key], rope_type, f"a list of length P'={dim // 2}")
             params[key] = [float(x) for x in params[key]]
-    if rope_type == "yarn" and params["beta_fast"] < params["beta_slow"]:
-        raise _bad(
-            "beta_fast", params["beta_fast"], rope_type, f">= beta_slow={params['beta_slow']}"
-        )
-    if rope_type == "llama3" and params["high_freq_factor"] <= params["low_freq_factor"]:
-        words = f"> low_freq_factor={params['low_freq_factor']}"
-        raise _bad("high_freq_factor", params["high_freq_factor"], rope_type, words)
+    if rule.check is not None:
+        rule.check(params)
     return params
+
+
+def _check_yarn(params: dict) -> None:
+    if params["beta_fast"] < params["beta_slow"]:
+        raise _bad("beta_fast", params["beta_fast"], "yarn", f">= beta_slow={params['beta_slow']}")
+
+
+def _check_llama3(params: dict) -> None:
+    if params["high_freq_factor"] <= params["low_freq_factor"]:
+        words = f"> low_freq_factor={params['low_freq_factor']}"
+        raise _bad("high_freq_factor", params["high_freq_factor"], "llama3", words)
 
 
 # ------------------------------------------------------------------- rules (float64)
@@ -288,15 +288,32 @@ def _proportional(params, *, dim, base, max_pos, seq_len):
     return inv_freq / params["factor"], 1.0
 
 
-RULES: dict[str, Callable[..., tuple[np.ndarray, float]]] = {
-    "default": _linear,
-    "linear": _linear,
-    "dynamic": _dynamic,
-    "yarn": _yarn,
-    "longrope": _longrope,
-    "llama3": _llama3,
-    "proportional": _proportional,
+RULES: dict[str, Rule] = {
+    "default": Rule(_linear),
+    "linear": Rule(_linear, "factor", required=("factor",)),
+    "dynamic": Rule(_dynamic, "factor", required=("factor",)),
+    "yarn": Rule(
+        _yarn,
+        "factor original_max_position_embeddings attention_factor beta_fast beta_slow mscale"
+        " mscale_all_dim truncate",
+        defaults={"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True},
+        check=_check_yarn,
+    ),
+    "longrope": Rule(
+        _longrope,
+        "factor original_max_position_embeddings attention_factor short_factor long_factor",
+        required=("short_factor", "long_factor"),
+    ),
+    "llama3": Rule(
+        _llama3,
+        "factor original_max_position_embeddings low_freq_factor high_freq_factor",
+        required=("factor", "low_freq_factor", "high_freq_factor"),
+        check=_check_llama3,
+    ),
+    "proportional": Rule(_proportional, "factor", defaults={"factor": 1.0}),
 }
+# rope_type -> the keys it takes (what HF's `rope_parameters` may hold for it)
+SCALING_KEYS: dict[str, frozenset[str]] = {name: rule.allowed for name, rule in RULES.items()}
 
 
 def scaled_frequencies(
@@ -318,6 +335,6 @@ def scaled_frequencies(
     params = check_scaling(scaling, head_dim=head_dim, max_position_embeddings=max_pos)
     _check_arg("base", base, lambda v: _real(v) and v > 1, "a number > 1")
     _check_arg("seq_len", seq_len, _pos_int, "a positive integer", optional=True)
-    dim, rule = _rotary_dim(params, head_dim), RULES[params["rope_type"]]
+    dim, rule = _rotary_dim(params, head_dim), RULES[params["rope_type"]].frequencies
     inv_freq, attention_factor = rule(params, dim=dim, base=base, max_pos=max_pos, seq_len=seq_len)
     return inv_freq.astype(np.float32), float(attention_factor)

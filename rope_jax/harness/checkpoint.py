@@ -669,6 +669,13 @@ def _try_exclusive(path: str) -> int | None:
     return fd
 
 
+def collect_garbage() -> None:
+    """`gc.collect()` with the checkpoint library's leftover coroutines dropped quietly,
+    as `_orbax_leftovers_dropped` does (a bare collect would print their errors)."""
+    with _orbax_leftovers_dropped():
+        pass
+
+
 @contextlib.contextmanager
 def _orbax_leftovers_dropped():
     """Runs Orbax with its unfinished coroutines collected before returning, their

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import gc
 import os
 import signal
 import threading
@@ -188,7 +187,7 @@ def _restore_or_init(run, ckpt, train_iter, fallback, init_from=""):
         if init_from:
             state, line = transfer.apply(state, init_from)
             console.say(line)
-        gc.collect()  # the initialisation's garbage holds gigabytes at 1b (scale_smoke)
+        checkpoint.collect_garbage()  # the initialisation's garbage: gigabytes at 1b
         return state, 0
     try:
         state, extra = ckpt.restore(steps[-1], run.abstract)
@@ -203,7 +202,7 @@ def _restore_or_init(run, ckpt, train_iter, fallback, init_from=""):
             console.warn(f"{why}; moved it to {ckpt.set_aside(bad)}")
     train_iter.set_state(extra["data"])
     console.say(f"resumed from step {start} in {ckpt.directory}")
-    gc.collect()
+    checkpoint.collect_garbage()
     return state, start
 
 
