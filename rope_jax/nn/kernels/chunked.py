@@ -1,0 +1,225 @@
+"""`impl="chunked"`: blockwise online softmax (FlashAttention-style) in pure JAX, O(T * block)
+memory, with a custom backward that recomputes the scores block by block.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from rope_jax.nn.kernels.common import _and, _causal_keep, _group_mask, _pad_axis, _segment_keep
+
+#
+# Forward, for one block of queries, over key blocks j = 0, 1, ... (FlashAttention):
+#   x_j = scale * q k_j^T (masked entries -inf), m_j = max(m_{j-1}, rowmax x_j),
+#   p_j = exp(x_j - m_j), l_j = exp(m_{j-1} - m_j) l_{j-1} + rowsum p_j,
+#   a_j = exp(m_{j-1} - m_j) a_{j-1} + p_j v_j.
+# Rescaling by exp(m_{j-1} - m_j) keeps every exponent <= 0, so nothing overflows, and
+# after the last block o = a / l = softmax(x) v exactly. Only m, l (per row) and a
+# (per row, H wide) persist between blocks: memory O(block_q * (block_k + H)) per step.
+# The residuals for the backward are q, k, v, o and logsumexp L = m + log l (per row).
+#
+# Backward, with dO the output cotangent and D_t = sum_h dO_th o_th (per row):
+#   P = exp(x - L) (recomputed per block, exactly the forward's probabilities),
+#   dV = P^T dO, dP = dO V^T, dX = P * (dP - D), dQ = scale dX K, dK = scale dX^T Q.
+# The outer loop runs over key blocks carrying dQ [T, H] (added into per query block);
+# the inner loop runs over query blocks accumulating that key block's dK, dV.
+# Causal loops skip blocks that are entirely in the future.
+
+
+class _Config(NamedTuple):
+    """Static layout of the chunked kernel (hashable: a nondiff argument of custom_vjp)."""
+
+    block_q: int
+    block_k: int
+    num_q_blocks: int
+    num_k_blocks: int
+    kv_len: int  # valid keys S; keys at S..S_padded-1 are padding
+    scale: float
+
+
+class _Masks(NamedTuple):
+    """Mask inputs of the chunked kernel (arrays or None), padded to whole blocks."""
+
+    q_offset: jax.Array | None  # int32 scalar; None = not causal
+    q_segments: jax.Array | None  # [B, T_padded]
+    kv_segments: jax.Array | None  # [B, S_padded]
+    mask: jax.Array | None  # [B or 1, 1 or K, T_padded, 1 or G, S_padded]
+
+
+def _mix_chunked(
+    q, k, v, *, q_offset, q_segments, kv_segments, mask, scale, block_size: int
+) -> jax.Array:
+    """Blockwise online-softmax attention; pads T and S to whole blocks internally."""
+    (b, t, n, h), (s, kh) = q.shape, k.shape[1:3]
+    if block_size < 1:
+        raise ValueError(f"block_size={block_size} must be positive")
+    bq, bk = min(block_size, t), min(block_size, s)
+    tp, sp = -(-t // bq) * bq, -(-s // bk) * bk
+    cfg = _Config(bq, bk, tp // bq, sp // bk, s, float(scale))
+    pad = lambda x, length, axis, value=0: _pad_axis(x, length, axis, value)
+    masks = _Masks(
+        None if q_offset is None else jnp.asarray(q_offset, jnp.int32),
+        None if q_segments is None else pad(jnp.asarray(q_segments), tp, 1),
+        None if kv_segments is None else pad(jnp.asarray(kv_segments), sp, 1),
+        None if mask is None else pad(pad(_group_mask(mask, kh), tp, 2, False), sp, 4, False),
+    )
+    qg = pad(q.reshape(b, t, kh, n // kh, h), tp, 1)  # [B, T_padded, K, G, H]
+    o = _flash(cfg, qg, pad(k, sp, 1), pad(v, sp, 1), masks)  # [B, T_padded, K, G, H]
+    return o[:, :t].reshape(b, t, n, h)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(cfg: _Config, q, k, v, masks: _Masks):
+    """q [B, Tp, K, G, H], k, v [B, Sp, K, H] -> float32 [B, Tp, K, G, H]."""
+    return _flash_forward(cfg, q, k, v, masks)[0]
+
+
+def _flash_fwd(cfg: _Config, q, k, v, masks: _Masks):
+    o, lse = _flash_forward(cfg, q, k, v, masks)
+    return o, (q, k, v, masks, o, lse)  # no per-block probabilities are kept
+
+
+def _flash_bwd(cfg: _Config, residuals, do):
+    q, k, v, masks, o, lse = residuals
+    dq, dk, dv = _flash_backward(cfg, q, k, v, masks, o, lse, do)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None  # masks: none
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def _block_scores(cfg: _Config, qi, kj):
+    """q block [B, bq, K, G, H] . k block [B, bk, K, H] -> float32 [B, K, bq, G, bk]."""
+    x = jnp.einsum("BTKGH,BSKH->BKTGS", qi, kj, preferred_element_type=jnp.float32)
+    return x * cfg.scale
+
+
+def _block_keep(cfg: _Config, masks: _Masks, t0, s0):
+    """Keep-mask of the block at query t0, key s0, broadcastable to [B, K, bq, G, bk]."""
+    t_idx, s_idx = t0 + jnp.arange(cfg.block_q), s0 + jnp.arange(cfg.block_k)
+    keep = None
+    if cfg.num_k_blocks * cfg.block_k != cfg.kv_len:  # padded keys
+        keep = (s_idx < cfg.kv_len)[None, None, None, None, :]
+    if masks.q_offset is not None:
+        keep = _and(keep, _causal_keep(t_idx, s_idx, masks.q_offset)[None, None, :, None, :])
+    if masks.q_segments is not None:
+        qs = lax.dynamic_slice_in_dim(masks.q_segments, t0, cfg.block_q, axis=1)
+        ks = lax.dynamic_slice_in_dim(masks.kv_segments, s0, cfg.block_k, axis=1)
+        keep = _and(keep, _segment_keep(qs, ks)[:, None, :, None, :])
+    if masks.mask is not None:
+        m = lax.dynamic_slice_in_dim(masks.mask, t0, cfg.block_q, axis=2)
+        keep = _and(keep, lax.dynamic_slice_in_dim(m, s0, cfg.block_k, axis=4))
+    return keep
+
+
+def _k_block_range(cfg: _Config, q_offset, t0):
+    """Key blocks [lo, hi) that the query block at t0 can see (causal: not the future)."""
+    if q_offset is None:
+        return 0, cfg.num_k_blocks
+    last_key = t0 + cfg.block_q - 1 + q_offset  # the last query row's last key
+    return 0, jnp.clip(last_key // cfg.block_k + 1, 0, cfg.num_k_blocks)
+
+
+def _q_block_range(cfg: _Config, q_offset, s0):
+    """Query blocks [lo, hi) that can see the key block at s0 (causal: t >= s0 - q_offset)."""
+    if q_offset is None:
+        return 0, cfg.num_q_blocks
+    return jnp.clip((s0 - q_offset) // cfg.block_q, 0, cfg.num_q_blocks), cfg.num_q_blocks
+
+
+def _flash_forward(cfg: _Config, q, k, v, masks: _Masks):
+    """Online softmax over key blocks for each query block.
+
+    Returns o float32 [B, Tp, K, G, H] and logsumexp float32 [B, K, Tp, G] (+inf on rows
+    with no allowed key, whose o is 0).
+    """
+    b, _, kh, g, h = q.shape
+    bq, bk = cfg.block_q, cfg.block_k
+
+    def q_block(i):
+        t0 = i * bq
+        qi = lax.dynamic_slice_in_dim(q, t0, bq, axis=1)
+
+        def k_step(j, carry):
+            m, l, acc = carry  # [B, K, bq, G], [B, K, bq, G], [B, K, bq, G, H]
+            s0 = j * bk
+            kj = lax.dynamic_slice_in_dim(k, s0, bk, axis=1)
+            vj = lax.dynamic_slice_in_dim(v, s0, bk, axis=1)
+            x = _block_scores(cfg, qi, kj)
+            keep = _block_keep(cfg, masks, t0, s0)
+            if keep is not None:
+                x = jnp.where(keep, x, -jnp.inf)
+            m_new = jnp.maximum(m, x.max(-1))
+            m_safe = jnp.where(jnp.isneginf(m_new), 0.0, m_new)  # nothing seen yet: any
+            p = jnp.exp(x - m_safe[..., None])  # masked: exp(-inf) = 0
+            alpha = jnp.exp(m - m_safe)  # rescales the old sums to the new max
+            pv = jnp.einsum(
+                "BKTGS,BSKH->BKTGH", p.astype(v.dtype), vj, preferred_element_type=jnp.float32
+            )
+            return m_new, alpha * l + p.sum(-1), alpha[..., None] * acc + pv
+
+        stats = jnp.zeros((b, kh, bq, g), jnp.float32)
+        init = (jnp.full_like(stats, -jnp.inf), stats, jnp.zeros((b, kh, bq, g, h), jnp.float32))
+        m, l, acc = lax.fori_loop(*_k_block_range(cfg, masks.q_offset, t0), k_step, init)
+        seen = l > 0
+        o = acc / jnp.where(seen, l, 1.0)[..., None]  # no key seen: acc = 0, o = 0
+        lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), jnp.inf)
+        return o, lse
+
+    o, lse = lax.map(q_block, jnp.arange(cfg.num_q_blocks))  # [nq, B, K, bq, G, (H)]
+    tp = cfg.num_q_blocks * bq
+    o = o.transpose(1, 0, 3, 2, 4, 5).reshape(b, tp, kh, g, h)  # [B, Tp, K, G, H]
+    lse = lse.transpose(1, 2, 0, 3, 4).reshape(b, kh, tp, g)  # [B, K, Tp, G]
+    return o, lse
+
+
+def _flash_backward(cfg: _Config, q, k, v, masks: _Masks, o, lse, do):
+    """dq, dk, dv (float32) by recomputing each block's probabilities from logsumexp."""
+    b, tp, kh, g, h = q.shape
+    bq, bk = cfg.block_q, cfg.block_k
+    do = do.astype(jnp.float32)
+    delta = jnp.einsum("BTKGH,BTKGH->BKTG", do, o)  # D = rowsum(dO * o), [B, K, Tp, G]
+
+    def k_block(dq, j):
+        s0 = j * bk
+        kj = lax.dynamic_slice_in_dim(k, s0, bk, axis=1)
+        vj = lax.dynamic_slice_in_dim(v, s0, bk, axis=1)
+
+        def q_step(i, carry):
+            dq, dk, dv = carry
+            t0 = i * bq
+            qi = lax.dynamic_slice_in_dim(q, t0, bq, axis=1)
+            doi = lax.dynamic_slice_in_dim(do, t0, bq, axis=1)
+            lse_i = lax.dynamic_slice_in_dim(lse, t0, bq, axis=2)[..., None]
+            delta_i = lax.dynamic_slice_in_dim(delta, t0, bq, axis=2)[..., None]
+            p = jnp.exp(_block_scores(cfg, qi, kj) - lse_i)  # the forward's probabilities
+            keep = _block_keep(cfg, masks, t0, s0)
+            if keep is not None:
+                p = jnp.where(keep, p, 0.0)
+            dv = dv + jnp.einsum("BKTGS,BTKGH->BSKH", p, doi)
+            dp = jnp.einsum("BTKGH,BSKH->BKTGS", doi, vj, preferred_element_type=jnp.float32)
+            dx = p * (dp - delta_i)  # softmax backward, per row
+            dk = dk + cfg.scale * jnp.einsum(
+                "BKTGS,BTKGH->BSKH", dx, qi, preferred_element_type=jnp.float32
+            )
+            dqi = cfg.scale * jnp.einsum(
+                "BKTGS,BSKH->BTKGH", dx, kj, preferred_element_type=jnp.float32
+            )
+            dqi = lax.dynamic_slice_in_dim(dq, t0, bq, axis=1) + dqi
+            return lax.dynamic_update_slice_in_dim(dq, dqi, t0, axis=1), dk, dv
+
+        zeros = jnp.zeros((b, bk, kh, h), jnp.float32)
+        lo, hi = _q_block_range(cfg, masks.q_offset, s0)
+        dq, dk, dv = lax.fori_loop(lo, hi, q_step, (dq, zeros, zeros))
+        return dq, (dk, dv)
+
+    dq0 = jnp.zeros((b, tp, kh, g, h), jnp.float32)
+    dq, (dk, dv) = lax.scan(k_block, dq0, jnp.arange(cfg.num_k_blocks))
+    sp = cfg.num_k_blocks * bk
+    unblock = lambda x: x.transpose(1, 0, 2, 3, 4).reshape(b, sp, kh, h)  # [nk, B, bk, ..]
+    return dq, unblock(dk), unblock(dv)

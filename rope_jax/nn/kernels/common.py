@@ -1,0 +1,93 @@
+"""What the kernels share: argument checks, the causal / segment / dense keep-masks, padding."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+
+def _check_inputs(q, k, v, q_segments, kv_segments, mask) -> None:
+    (b, t, n, h), (s, kh) = q.shape, k.shape[1:3]
+    if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape or k.shape[0] != b or k.shape[3] != h:
+        raise ValueError(f"q {q.shape}, k {k.shape}, v {v.shape} do not fit [B,T,N,H] [B,S,K,H]")
+    if n % kh:
+        raise ValueError(f"num_heads={n} is not divisible by num_kv_heads={kh}")
+    if (q_segments is None) != (kv_segments is None):
+        raise ValueError("q_segments and kv_segments go together: pass both or neither")
+    if q_segments is not None and (
+        jnp.shape(q_segments) != (b, t) or jnp.shape(kv_segments) != (b, s)
+    ):
+        raise ValueError(
+            f"q_segments {jnp.shape(q_segments)} and kv_segments {jnp.shape(kv_segments)} "
+            f"must be [B, T] = {(b, t)} and [B, S] = {(b, s)}"
+        )
+    if mask is not None:
+        shape = jnp.shape(mask)
+        if len(shape) != 4 or shape[0] not in (1, b) or shape[1] not in (1, n):
+            raise ValueError(f"mask has shape {shape}: expected [B or 1, 1 or N, T, S]")
+        if shape[2:] != (t, s):
+            raise ValueError(f"mask has shape {shape}: its last two axes must be T, S = {t, s}")
+
+
+def _resolve_offset(causal: bool, q_offset, t: int, s: int):
+    """None when not causal; else a Python int (static) or an int32 scalar array (traced)."""
+    if not causal:
+        return None
+    if q_offset is None:
+        return s - t  # queries are the last T of the S keys
+    if isinstance(q_offset, int | np.integer):
+        return int(q_offset)
+    q_offset = jnp.asarray(q_offset)
+    if q_offset.shape != () or not jnp.issubdtype(q_offset.dtype, jnp.integer):
+        raise ValueError(f"q_offset must be an int or an int scalar, got {q_offset}")
+    return q_offset.astype(jnp.int32)
+
+
+def _is_static(q_offset) -> bool:
+    return isinstance(q_offset, int)
+
+
+def _causal_keep(t_idx, s_idx, q_offset):
+    """[T, S] bool: query t attends key s iff s <= t + q_offset."""
+    return s_idx[None, :] <= t_idx[:, None] + q_offset
+
+
+def _segment_keep(q_segments, kv_segments):
+    """[B, T, S] bool: same document."""
+    return q_segments[:, :, None] == kv_segments[:, None, :]
+
+
+def _group_mask(mask, kv_heads: int):
+    """Dense mask [B or 1, 1 or N, T, S] -> [B or 1, 1 or K, T, 1 or G, S] (head n = k G + g)."""
+    mb, mn = mask.shape[:2]
+    if mn == 1:
+        return mask[:, :, :, None, :]  # [B or 1, 1, T, 1, S]
+    mask = mask.reshape(mb, kv_heads, mn // kv_heads, *mask.shape[2:])
+    return mask.transpose(0, 1, 3, 2, 4)  # [B or 1, K, T, G, S]
+
+
+def _and(a, b):
+    return b if a is None else a & b
+
+
+def _dense_keep(t: int, s: int, *, q_offset, q_segments, kv_segments, mask):
+    """Combined keep-mask [B or 1, 1 or N, T, S] (the BNTS layout of jax.nn), or None."""
+    keep = None if mask is None else mask
+    if q_offset is not None:
+        keep = _and(keep, _causal_keep(jnp.arange(t), jnp.arange(s), q_offset)[None, None])
+    if q_segments is not None:
+        keep = _and(keep, _segment_keep(q_segments, kv_segments)[:, None])
+    return keep
+
+
+def _rows_with_keys(keep):
+    """keep [B or 1, 1 or N, T, S] -> [B or 1, T, 1 or N, 1]: does each query row see a key?"""
+    return keep.any(-1).transpose(0, 2, 1)[..., None]
+
+
+def _pad_axis(x, length: int, axis: int, value=0):
+    if x.shape[axis] == length:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, length - x.shape[axis])
+    return jnp.pad(x, widths, constant_values=value)
