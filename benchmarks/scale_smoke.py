@@ -83,20 +83,6 @@ def tree_bytes(tree) -> int:
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def per_device_bytes(tree) -> int:
-    """Bytes of `tree` on one device (the largest shard of each array)."""
-    import jax
-
-    total = 0
-    for x in jax.tree.leaves(tree):
-        shape = x.sharding.shard_shape(x.shape) if hasattr(x, "sharding") else x.shape
-        n = 1
-        for d in shape:
-            n *= d
-        total += n * x.dtype.itemsize
-    return total
-
-
 def config_for(args):
     from configs import lm
 
@@ -109,34 +95,14 @@ def config_for(args):
 
 
 def plan(args) -> dict:
-    """Per-device bytes of each part, from shapes and the compiled step (nothing runs)."""
-    import jax
+    """Per-device bytes of each part, from shapes and the compiled step (nothing runs):
+    `harness.dry_run`'s figures; the gradients have the parameters' shapes and sharding."""
+    from rope_jax import harness
 
-    from rope_jax import harness, sharding
-
-    config = config_for(args)
-    run = harness.build(config, vocab_from_data=False)
-    with sharding.use_mesh(run.mesh, run.rules):
-        batch = harness.abstract_batch(args.batch, args.seq_len, run.batch_sharding)
-        compiled = run.train_step.lower(run.abstract, batch).compile()
-    mem = compiled.memory_analysis()
-    params = per_device_bytes(run.abstract["params"])
-    return dict(
-        devices=jax.device_count(),
-        mesh=list(args.mesh),
-        params=params,
-        grads=per_device_bytes(
-            jax.tree.map(
-                lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=p.sharding),
-                run.abstract["params"],
-            )
-        ),  # fmt: skip
-        opt=per_device_bytes(run.abstract["opt"]),
-        temp=mem.temp_size_in_bytes,
-        arguments=mem.argument_size_in_bytes,
-        outputs=mem.output_size_in_bytes,
-        aliased=mem.alias_size_in_bytes,
-    )
+    d = harness.dry_run(config_for(args))
+    params = d["params_bytes_per_device"]
+    return dict(devices=d["devices"], mesh=list(args.mesh), params=params, grads=params,
+                opt=d["opt_bytes_per_device"], temp=d["temp_bytes_per_device"])  # fmt: skip
 
 
 def measure(args) -> dict:

@@ -202,7 +202,6 @@ def _restore_or_init(run, ckpt, train_iter, fallback, init_from=""):
             console.warn(f"{why}; moved it to {ckpt.set_aside(bad)}")
     train_iter.set_state(extra["data"])
     console.say(f"resumed from step {start} in {ckpt.directory}")
-    checkpoint.collect_garbage()
     return state, start
 
 
