@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 
 ALL_SITES = ["".join(c) for r in range(5) for c in itertools.combinations("qkvo", r)]
-ROWS = ("nope", "q", "k", "v", "o", "qk", "vo", "qkv", "qkvo")
 
 # step1b: tried in this order while time lasts (remat none first: no recomputation)
 STEP1B_SETTINGS = (
@@ -521,13 +520,14 @@ def _train_row(config, train, val, *, seed: int, eval_windows: int) -> dict:
 def rung(ctx: Context) -> None:
     import jax
 
+    from configs import lm
     from rope_jax.harness import cost
 
     r = ctx.result
     r.update(_jax_facts())
     meta, train, val = _rung_data(ctx.data)
     shape = SMOKE_RUNG_SHAPE if ctx.smoke else RUNG_SHAPE
-    rows = ("nope", "qkvo") if ctx.smoke else ROWS
+    rows = ("nope", "qkvo") if ctx.smoke else tuple(lm.ROWS)  # the site ablation's rows
     impl = "dot_product" if jax.default_backend() == "gpu" else "xla"
     b, t = shape["batch"], shape["seq_len"]
     eval_windows = 2 * b if ctx.smoke else 8 * b
@@ -556,8 +556,7 @@ def rung(ctx: Context) -> None:
             continue
         if not ctx.fits(estimate):
             return
-        sites = "" if row == "nope" else row
-        config = _rung_config(shape, sites, meta["vocab_size"], r["steps"], impl)
+        config = _rung_config(shape, lm.ROWS[row], meta["vocab_size"], r["steps"], impl)
         done[row] = _train_row(config, train, val, seed=0, eval_windows=eval_windows)
         _log(f"rung: {row}: held-out loss {done[row]['loss']:.4f}, "
              f"{done[row]['bits_per_byte']:.4f} bits/byte")  # fmt: skip
