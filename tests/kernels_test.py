@@ -267,7 +267,8 @@ def test_dot_product_avoids_dense_masks(monkeypatch):
 
 def test_dot_product_backend_choice(monkeypatch):
     """cuDNN only on a CUDA GPU for fp16/bf16 and head dims it takes; XLA for float32."""
-    choose = kernels._dot_product_backend
+    from rope_jax.nn.kernels.dot_product import _dot_product_backend as choose
+
     assert choose(jnp.bfloat16, 64, 8, 8, dense_mask=False) == "xla"  # this CPU
 
     class Device:

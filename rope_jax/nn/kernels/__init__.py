@@ -29,10 +29,7 @@ import jax.numpy as jnp
 
 from rope_jax.nn.kernels.chunked import _mix_chunked
 from rope_jax.nn.kernels.common import _check_inputs, _resolve_offset
-from rope_jax.nn.kernels.dot_product import (
-    _dot_product_backend,  # noqa: F401  (tests use it)
-    _mix_dot_product,
-)
+from rope_jax.nn.kernels.dot_product import _mix_dot_product
 from rope_jax.nn.kernels.splash import _mix_splash
 from rope_jax.nn.kernels.xla import _softmax_mix
 
