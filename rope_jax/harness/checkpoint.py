@@ -39,6 +39,7 @@ import json
 import os
 import shutil
 import sys
+import warnings
 import zlib
 from typing import Any
 
@@ -691,7 +692,9 @@ def _orbax_leftovers_dropped():
     try:
         yield
     finally:
-        gc.collect()  # the coroutines of a failed restore end here, under this hook
+        with warnings.catch_warnings():  # ... and those never started say so: not ours
+            warnings.filterwarnings("ignore", r"coroutine '.*' was never awaited", RuntimeWarning)
+            gc.collect()  # the coroutines of a failed restore end here, under this hook
         sys.unraisablehook = previous
 
 
