@@ -1,4 +1,4 @@
-"""Shared config pieces: the arg parser, model size presets, optimiser, loop, mesh.
+"""Shared config pieces: the arg parser and the model size presets.
 
 Every experiment family (`configs/lm.py`, `configs/multimodal.py`) builds on these:
 
@@ -10,34 +10,36 @@ from __future__ import annotations
 
 import ml_collections
 
+from rope_jax import defaults
+
 # Decoder shapes (LLaMA-like: RMSNorm, SwiGLU, grouped-query attention).
 #   tiny   trains at several steps/s on 2 CPU cores; tests and quick sweeps.
 #   small  a useful CPU/GPU model (9.6M parameters).
 #   1b     ~1B parameters (LLaMA-3.2-1B-like body, byte vocabulary): pods only.
 SIZES = {
-    "tiny": dict(num_layers=2, embed_dim=128, num_heads=4, num_kv_heads=2, head_dim=32,
-                 mlp_dim=384, seq_len=128, global_batch_size=16),
+    "tiny": defaults.SHAPE,
     "small": dict(num_layers=6, embed_dim=384, num_heads=6, num_kv_heads=2, head_dim=64,
                   mlp_dim=1024, seq_len=256, global_batch_size=32),
     "1b": dict(num_layers=16, embed_dim=2048, num_heads=32, num_kv_heads=8, head_dim=64,
                mlp_dim=8192, seq_len=2048, global_batch_size=256),
 }  # fmt: skip
+LR = {"tiny": 3e-3, "small": 1e-3, "1b": 3e-4}  # peak learning rate per size
 
 
-def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+def parse_arg(arg: str | None, **fields) -> ml_collections.ConfigDict:
     """Parses `key=value,key=value` (big_vision style) over typed defaults.
 
     Values take the type of their default (bool accepts true/false/1/0); a key that has
     no default is an error, so a typo in the arg string never passes silently.
     """
-    result = ml_collections.ConfigDict(defaults)
+    result = ml_collections.ConfigDict(fields)
     for item in filter(None, (arg or "").split(",")):
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"config arg {item!r} is not key=value (in {arg!r})")
-        if key not in defaults:
-            raise ValueError(f"config arg {key!r} is unknown; allowed: {', '.join(defaults)}")
-        default = defaults[key]
+        if key not in fields:
+            raise ValueError(f"config arg {key!r} is unknown; allowed: {', '.join(fields)}")
+        default = fields[key]
         if isinstance(default, bool):
             if value.lower() not in ("true", "false", "1", "0"):
                 raise ValueError(f"config arg {key}={value!r} must be true or false")
@@ -59,159 +61,8 @@ def size_preset(size: str) -> dict:
 
 
 def base_config(size: str) -> ml_collections.ConfigDict:
-    """Everything but the experiment-specific fields, for model size `size`."""
-    preset = size_preset(size)
-    c = ml_collections.ConfigDict()
-    c.seed = 0  # one seed for init and data order
-
-    c.model = _model(preset, size)
-    c.data = _data(preset)
-    c.optim = _optim(size)
-    c.train = _train()
-    c.eval = _eval()
-    c.mesh = _mesh()
+    """Every field (`rope_jax.defaults`, where each is commented) at model size `size`."""
+    c = defaults.config(size_preset(size))
+    c.optim.lr = LR[size]
+    c.model.remat = "block" if size == "1b" else "none"  # none | block (recompute in backward)
     return c
-
-
-def _model(preset: dict, size: str) -> ml_collections.ConfigDict:
-    """The decoder (`config.model`)."""
-    model = ml_collections.ConfigDict()
-    # V: the data's tokenizer decides it; 259 (256 bytes + PAD, BOS, EOS) follows a
-    # subword tokenizer's size, any other value must equal it
-    model.vocab_size = 259
-    model.num_layers = preset["num_layers"]  # decoder blocks
-    model.embed_dim = preset["embed_dim"]  # D, residual width
-    model.num_heads = preset["num_heads"]  # N, query heads
-    model.num_kv_heads = preset["num_kv_heads"]  # K, key/value heads (GQA); N % K == 0
-    model.head_dim = preset["head_dim"]  # H, even (rotation pairs)
-    model.mlp_dim = preset["mlp_dim"]  # F, SwiGLU hidden width
-    model.dtype = "float32"  # compute dtype: float32 | bfloat16
-    model.param_dtype = "float32"  # parameter (master weight) dtype
-    model.patch_dim = 0  # input width of visual patch vectors; 0 = text only
-    model.remat = "block" if size == "1b" else "none"  # none | block (recompute in backward)
-    model.norm_eps = 1e-6  # RMSNorm epsilon (Llama 2/3 checkpoints use 1e-5)
-    model.tie_embeddings = False  # True: the LM head is the embedding table (transposed)
-
-    model.attention = ml_collections.ConfigDict()
-    # kv = "separate" (default): own key and value projections. "tied": one latent per kv
-    # head is rotated once and serves as key and value (half the cache; needs sites qkvo).
-    model.attention.kv = "separate"
-    # impl: the softmax-attention kernel (rotations stay outside it): xla (reference,
-    # [B, K, T, G, S] float32 scores) | dot_product (jax.nn.dot_product_attention: cuDNN
-    # flash attention on GPU in bf16) | chunked (blockwise online softmax, O(T) memory,
-    # any backend) | splash (TPU Pallas).
-    model.attention.impl = "xla"
-    model.attention.qkv_bias = False  # biases on the q, k, v projections (Qwen2 checkpoints)
-    model.attention.qk_norm = False  # RMSNorm over H of each q and k head (Qwen3 checkpoints)
-
-    model.rope = ml_collections.ConfigDict()
-    model.rope.sites = "qk"  # rotated sites, a subset of "qkvo"; "" = NoPE
-    model.rope.base = 10000.0  # frequency base
-    model.rope.ladder = "standard"  # standard | per_axis
-    model.rope.layout = "half"  # pair layout: half (LLaMA) | interleaved (RoFormer)
-    model.rope.allocation = "interleaved"  # pair -> axis: interleaved | sections
-    model.rope.sections = ()  # pairs per axis (one per position axis) for allocation=sections,
-    # summing to H/2; the data decides the number of axes A (1 text, 2 image, 3 video)
-    # Context scaling (docs/maths.md#context-scaling), Hugging Face `rope_parameters` keys;
-    # a key left None is absent, e.g. --config.model.rope.scaling.rope_type=yarn
-    # --config.model.rope.scaling.factor=4. The rule applies to every rotating (global) layer.
-    _placeholder = ml_collections.config_dict.placeholder  # a typed None (settable by flag)
-    model.rope.scaling = ml_collections.ConfigDict()
-    # rope_type: default | linear | dynamic | yarn | longrope | llama3 | proportional
-    model.rope.scaling.rope_type = "default"  # the rule; default = plain RoPE
-    model.rope.scaling.factor = _placeholder(float)  # f, context extension factor (>= 1)
-    model.rope.scaling.partial_rotary_factor = _placeholder(float)  # rotated share of H; None = 1
-    model.rope.scaling.original_max_position_embeddings = _placeholder(int)  # L0; None = L
-    model.rope.scaling.attention_factor = _placeholder(float)  # logit factor (yarn, longrope)
-    model.rope.scaling.beta_fast = _placeholder(float)  # yarn: turns kept as they are (32)
-    model.rope.scaling.beta_slow = _placeholder(float)  # yarn: turns fully interpolated (1)
-    model.rope.scaling.mscale = _placeholder(float)  # yarn: attention factor numerator scale
-    model.rope.scaling.mscale_all_dim = _placeholder(float)  # yarn: ... denominator scale
-    model.rope.scaling.truncate = _placeholder(bool)  # yarn: round the ramp ends (True)
-    model.rope.scaling.short_factor = _placeholder(tuple)  # longrope: P' rescales, T <= L0
-    model.rope.scaling.long_factor = _placeholder(tuple)  # longrope: P' rescales, T > L0
-    model.rope.scaling.low_freq_factor = _placeholder(float)  # llama3: wavelengths > L0/low
-    model.rope.scaling.high_freq_factor = _placeholder(float)  # llama3: wavelengths < L0/high
-    model.rope.max_position_embeddings = _placeholder(int)  # L; None = the training seq_len
-    model.rope.nope_every = 0  # k > 0: layers k-1, 2k-1, ... have no rotation (Llama 4)
-    model.rope.local_base = _placeholder(float)  # base of the non-global layers (Gemma 3)
-    model.rope.global_every = 0  # g > 0: layers g-1, 2g-1, ... global (base), others local_base
-    # learned: none (fixed) | freqs (trained per-kv-head, per-axis frequencies, RoPE-Mixed) |
-    # commuting (freqs in a trained orthogonal basis per layer); both start equal to none
-    model.rope.learned = "none"
-    return model
-
-
-def _data(preset: dict) -> ml_collections.ConfigDict:
-    """The data (`config.data`)."""
-    data = ml_collections.ConfigDict()
-    data.name = "shakespeare"  # shakespeare | python_stdlib | a prepared dataset | TFDS name
-    data.files = ""  # glob of local text files; when set, replaces name
-    data.data_dir = ""  # TFDS / prepared data dir; "" = the TFDS default (~/tensorflow_datasets)
-    # tokenizer: "" = the data's own (bytes for raw text, the stored one of a prepared
-    # dataset) | bytes | train:VOCAB (a BPE trained on the train split) | path to a
-    # SentencePiece .model or HF tokenizer.json; not bytes on a shipped corpus or
-    # data.files: prepared once into <data_dir>/prepared/ (python -m rope_jax.data.prepare)
-    data.tokenizer = ""
-    data.packing = "stream"  # stream | documents (positions restart, attention per document)
-    data.passkey_rate = 0.0  # share of training windows made passkey-retrieval examples
-    data.passkey_weight = 1.0  # loss weight of a passkey example's five answer targets
-    data.text_key = "text"  # feature holding the text in other TFDS datasets
-    data.train_split = "train"  # split to train on
-    data.eval_split = "validation"  # held-out split evaluated during training
-    data.max_documents = 0  # documents read per split; 0 = all
-    data.tasks = ()  # multimodal data only: task names; () = all of the dataset's
-    data.scheme = "flat"  # multimodal data only: layout placing patches (layouts.SCHEMES)
-    data.seq_len = preset["seq_len"]  # T, training context in tokens
-    data.global_batch_size = preset["global_batch_size"]  # sequences per step, all devices
-    return data
-
-
-def _optim(size: str) -> ml_collections.ConfigDict:
-    """The optimiser (`config.optim`)."""
-    optim = ml_collections.ConfigDict()
-    optim.name = "adamw"  # adamw | adam | sgd
-    optim.lr = 3e-3 if size == "tiny" else (1e-3 if size == "small" else 3e-4)  # peak lr
-    optim.warmup_steps = 50  # linear warm-up from 0
-    optim.schedule = "cosine"  # cosine | linear | constant (after warm-up)
-    optim.weight_decay = 0.1  # decoupled, on matrices only
-    optim.b1 = 0.9  # Adam beta1
-    optim.b2 = 0.95  # Adam beta2
-    optim.grad_clip_norm = 1.0  # global-norm clip; 0 = off
-    optim.z_loss = 0.0  # weight of the z-loss mean(logsumexp(logits)^2); 0 = off
-    return optim
-
-
-def _train() -> ml_collections.ConfigDict:
-    """The loop (`config.train`)."""
-    train = ml_collections.ConfigDict()
-    train.num_steps = 500  # optimiser steps
-    train.num_tokens = 0  # token budget for the dry run's cost plan; 0 = steps x batch x T
-    train.microbatches = 1  # k: each global batch is k sequential microbatches (accumulated)
-    # WORKDIR[:STEP]: start from that run's matching parameters; hf:DIR: from a Hugging Face
-    # model directory, whose architecture replaces the model section (docs/hf.md); "" = random
-    train.init_from = ""
-    train.log_every_steps = 25  # progress line + metrics.jsonl + TensorBoard
-    train.eval_every_steps = 250  # held-out evaluation; 0 = only at the end
-    train.ckpt_every_steps = 250  # Orbax checkpoint; the last step is always saved
-    train.ckpt_keep = 3  # checkpoints kept (newest)
-    return train
-
-
-def _eval() -> ml_collections.ConfigDict:
-    """Evaluation (`config.eval`)."""
-    eval = ml_collections.ConfigDict()
-    eval.num_batches = 20  # batches per evaluation; 0 = the whole split
-    eval.batch_size = 16  # sequences per evaluation batch
-    eval.seq_lens = ()  # extra context lengths for eval.py (extrapolation), e.g. (256, 512)
-    eval.splits = ()  # extra held-out splits eval.py scores at data.seq_len, e.g. ("test",)
-    return eval
-
-
-def _mesh() -> ml_collections.ConfigDict:
-    """The device mesh (`config.mesh`)."""
-    mesh = ml_collections.ConfigDict()
-    mesh.shape = (-1, 1, 1)  # devices per axis; -1 = all remaining devices
-    mesh.axes = ("data", "fsdp", "tensor")  # mesh axis names
-    mesh.logical_axis_rules = ()  # (logical, mesh axis) overrides; () = library defaults
-    return mesh

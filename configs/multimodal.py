@@ -18,8 +18,6 @@ ratios, `long_prefix` text before the image).
 
 from __future__ import annotations
 
-import ml_collections
-
 from configs import common
 from rope_jax import rotary
 
@@ -105,13 +103,6 @@ def get_config(arg: str | None = None):
     config.data.global_batch_size = 32  # questions per step
     config.data.eval_split = "validation"  # unseen digits, training grid shapes
     config.model.patch_dim = 64  # one 8x8 digit per patch; positions: (h, w) or (t, h, w)
-    # Layout settings (rope_jax.layouts.SETTINGS; None = unset): seconds between the frames
-    # of every video; mrope's temporal ids per second (Qwen2.5-VL time alignment, read with
-    # seconds_per_frame); videorope's temporal id step between frames (None = 2).
-    placeholder = ml_collections.config_dict.placeholder
-    config.data.seconds_per_frame = placeholder(float)
-    config.data.tokens_per_second = placeholder(float)
-    config.data.delta = placeholder(float)
     config.train.num_steps = arg.steps or 600
     config.train.eval_every_steps = 150
     config.train.ckpt_every_steps = 300

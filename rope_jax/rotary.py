@@ -139,29 +139,21 @@ class RopeSpec:
 
     @classmethod
     def of(cls, rope: RopeSpec | Mapping | None = None, **settings) -> RopeSpec:
-        """A spec from a spec, a mapping (e.g. `config.model.rope`) or None, plus overrides.
-
-        A mapping may also hold the attention-level keys of `config.model.rope` (such as
-        `sites`), which are not rotation settings and are skipped; any other unknown key
-        is an error.
-        """
+        """A spec from a spec, a mapping of `SPEC_FIELDS` keys or None, plus overrides;
+        any other key is an error."""
         if isinstance(rope, RopeSpec):
             return dataclasses.replace(rope, **settings) if settings else rope
         fields = {}
         for key, value in dict(rope or {}).items():
             if key in SPEC_FIELDS:
                 fields[key] = value
-            elif key not in NOT_ROTATION:
-                allowed = ", ".join((*SPEC_FIELDS, *NOT_ROTATION))
+            else:
+                allowed = ", ".join(SPEC_FIELDS)
                 raise ValueError(f"{key} is not a rotation setting; allowed: {allowed}")
         return cls(**{**fields, **settings})
 
 
 SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(RopeSpec))
-# Keys of `config.model.rope` that say where, whether or in which layer to rotate, not how
-# (read by nn/model.py: the sites, the NoPE layers, the local/global base per layer), and
-# whether the rotation is trained (`learned`: its parameters start from this spec).
-NOT_ROTATION = ("sites", "nope_every", "local_base", "global_every", "learned")
 _PLAIN = {"rope_type": "default", "partial_rotary_factor": 1.0}
 
 

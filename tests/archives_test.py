@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from rope_jax.data import archives, corpora, readers
+from rope_jax.data import archives, readers, splits
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_text_files_are_documents_and_binaries_are_not(tree):
     fork = next(d for d in docs if d.key == "kernel/fork.c")
     assert fork.read() == "int fork(void) { return 0; }\n" * 20
     for d in docs:  # the split is the path's, whatever the tokenizer or the order
-        assert d.split == corpora.hash_split(d.key, validation_percent=1, test_percent=1)
+        assert d.split == splits.by_name(d.key, validation_percent=1, test_percent=1)
     assert readers.fingerprint("linux_source") == readers.fingerprint("linux_source")
 
 

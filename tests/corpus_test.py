@@ -78,15 +78,12 @@ def test_named_dataset_is_prepared_and_raw_files_are_text(data_root, corpus):
 def test_vocab_follows_the_tokenizer_and_a_hand_set_mismatch_is_one_line(data_root):
     config = _config(data_root, "bpe")
     want = shards.read_metadata(os.path.join(data_root, "bpe"))["tokenizer"]["vocab_size"]
-    checks.resolve_vocab(config)
-    assert config.model.vocab_size == want != 259
+    assert checks.settle_vocab(config).model.vocab_size == want != 259
     config = _config(data_root, "bpe")
     config.model.vocab_size = 300
     with pytest.raises(ValueError, match=rf"model.vocab_size=300 does not match .* \({want} ids\)"):
         setup.build(config)
-    bytes_config = _config(data_root, "bytes")
-    checks.resolve_vocab(bytes_config)
-    assert bytes_config.model.vocab_size == 259
+    assert checks.settle_vocab(_config(data_root, "bytes")).model.vocab_size == 259
 
 
 def test_a_tokenizer_beside_a_prepared_dataset_must_be_its_own(data_root, tmp_path):
@@ -129,7 +126,7 @@ def test_missing_split_and_unprepared_dataset_are_one_line(data_root, tmp_path):
         checks.check_config(config)
     os.makedirs(tmp_path / "half" / ".staging")
     with pytest.raises(data.DataSourceError, match="not a prepared dataset.*rerun the same"):
-        checks.resolve_vocab(_config(str(tmp_path), "half"))
+        checks.settle_vocab(_config(str(tmp_path), "half"))
 
 
 def test_a_shard_changed_after_its_first_check_fails_on_open(data_root, tmp_path):
@@ -299,3 +296,39 @@ def test_a_raw_corpus_with_a_tokenizer_is_prepared_once_then_trained(corpus, tmp
 def _records(workdir):
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
+
+
+# ------------------------------------------------------------------------- the split
+
+
+def _prepared_documents(path: str, split: str) -> list[str]:
+    """The documents of a prepared split, decoded with the dataset's tokenizer."""
+    stream = prepared.open_split(path, split)
+    tokens = stream.read(0, len(stream))["tokens"]
+    tok = prepared.tokenizer(path)
+    ends = np.flatnonzero(tokens == tok.eos_id)
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    return [tok.decode(tokens[a:b].tolist()) for a, b in zip(starts, ends, strict=True)]
+
+
+@pytest.mark.parametrize("split", ["validation", "test", "train"])
+def test_the_same_files_hold_out_the_same_documents_whatever_the_tokenizer(
+    data_root, corpus, split
+):
+    raw = [
+        d.decode("utf-8") for d in data.documents(_config(data_root, "", files=corpus).data, split)
+    ]
+    assert raw and (split == "train" or len(raw) < 10)  # 60 documents: 1% each, at least one
+    for name in ("bytes", "bpe"):  # prepared with --tokenizer=bytes and train:400
+        assert sorted(_prepared_documents(os.path.join(data_root, name), split)) == sorted(raw)
+
+
+def test_one_file_is_cut_the_same_way_raw_and_prepared(tmp_path):
+    path = tmp_path / "one.txt"
+    path.write_text("".join(f"line {i} é\n" for i in range(400)), encoding="utf-8")
+    settings = prep.Settings(source=str(path), tokenizer="bytes", shard_tokens=3000)
+    prep.prepare(settings, "one", str(tmp_path / "out"), progress=False)
+    config = _config(str(tmp_path / "out"), "", files=str(path))
+    for split in ("train", "validation", "test"):
+        raw = [d.decode("utf-8") for d in data.documents(config.data, split)]
+        assert len(raw) == 1 and raw == _prepared_documents(str(tmp_path / "out" / "one"), split)

@@ -132,7 +132,7 @@ def test_main_writes_markdown_and_keeps_the_notes(tmp_path, monkeypatch):
     out.write_text("stale numbers\n" + cost.NOTES_MARKER + "\nmy notes\n")
     cost.main(argv)
     assert out.read_text() == text + "\n" + cost.NOTES_MARKER + "\nmy notes\n"
-    with pytest.raises(SystemExit, match="no file"):
+    with pytest.raises(SystemExit, match="no config file 'configs/none.py'"):
         cost.main(["--config=configs/none.py"])
 
 

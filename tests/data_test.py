@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rope_jax import data
-from rope_jax.data import corpora, sources
+from rope_jax.data import corpora, sources, splits
 from tests.conftest import no_network
 
 T = 64  # training context used throughout
@@ -75,7 +75,7 @@ def test_python_stdlib_builds_split_by_file(data_dir):
     assert "os.py" in all_names and "json/decoder.py" in all_names
     for name in all_names:
         assert not {"test", "tests", "idle_test", "site-packages"} & set(name.split("/")[:-1])
-        assert corpora.hash_split(name) in [s for s in corpora.SPLITS if name in names[s]]
+        assert splits.by_name(name) in [s for s in corpora.SPLITS if name in names[s]]
     assert b"def " in src["validation"][0]["text"] or b"import" in src["validation"][0]["text"]
 
 

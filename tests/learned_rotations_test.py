@@ -11,7 +11,7 @@ import pytest
 import scipy.linalg
 from flax import nnx
 
-from rope_jax import learned, rotary
+from rope_jax import defaults, learned, rotary
 from rope_jax.harness import optim
 from rope_jax.nn import model as model_lib
 
@@ -131,7 +131,7 @@ def test_initial_freqs_are_the_fixed_ladder_on_its_axes():
 def test_none_adds_nothing_and_old_configs_read_none():
     old = cfg()
     del old.rope["learned"]
-    assert model_lib.learned_kind(old) == "none"
+    assert defaults.fill_model(old).rope.learned == "none"
     counts = {kind: model_lib.count_params(model_lib.Decoder(cfg(kind), rngs=nnx.Rngs(0)))
               for kind in ("none", *KINDS)}  # fmt: skip
     layers, pairs = 2, H // 2

@@ -10,6 +10,7 @@ from flax import nnx
 from flax.core import spmd as flax_spmd
 from jax.sharding import PartitionSpec as P
 
+from rope_jax import defaults
 from rope_jax.nn import layers
 from rope_jax.nn import model as model_lib
 
@@ -224,7 +225,7 @@ def test_config_without_attention_field_is_separate():
     """Configs saved before model.attention existed build the same separate-KV model."""
     old = tiny_cfg()
     del old["attention"]
-    assert model_lib.kv_mode(old) == "separate"
+    assert defaults.fill_model(old).attention.kv == "separate"
     a = model_lib.Decoder(old, rngs=nnx.Rngs(0))(tokens())
     b = model_lib.Decoder(tiny_cfg(), rngs=nnx.Rngs(0))(tokens())
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -10,15 +10,17 @@
                                        batch_size=32, seq_len=4 * 256):
       ...
 
-`config.data` fields (an ml_collections ConfigDict; see `default_config`):
+`config.data` fields (an ml_collections ConfigDict; `default_config()` gives every one):
   name:          "shakespeare" | "python_stdlib" (built on first use from files that
                  ship with the installed packages) | a dataset prepared by
                  `python -m rope_jax.data.prepare` under data_dir (read from its shards
                  by random access, never loaded) | any TFDS dataset name, which must
                  already be on disk as array_record under data_dir (never downloaded).
   files:         glob of local UTF-8 text files ("" = unused); when set it replaces
-                 `name`. 3+ files are split by file (5% validation, 5% test, at least
-                 one each); 1-2 files are each cut 90/5/5 at line ends.
+                 `name`. Documents (a .txt file, a .jsonl line, a .parquet row) are
+                 held out by `splits` (1% validation, 1% test by a hash of the text,
+                 at least one each; 1-2 documents each cut 90/5/5 at line ends), the
+                 rule `prepare` follows: the same files, the same held-out text.
   seq_len:       T, training context in tokens (evaluation may use any length).
   data_dir:      TFDS data dir ("" = the TFDS default, ~/tensorflow_datasets).
   text_key:      feature holding the text in a TFDS dataset ("a/b" for nested).
@@ -50,6 +52,7 @@ text with grids of scikit-learn's handwritten digits; their batches add `patches
 
 import ml_collections
 
+from rope_jax import defaults
 from rope_jax.data import multimodal
 from rope_jax.data.corpora import CORPORA, RopePythonStdlib, RopeShakespeare
 from rope_jax.data.digits import RopeDigits
@@ -69,25 +72,9 @@ from rope_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, decode, 
 
 
 def default_config() -> ml_collections.ConfigDict:
-    """`config.data` with every field this package reads (documented above)."""
-    return ml_collections.ConfigDict(
-        {
-            "name": "shakespeare",  # shipped corpus or TFDS name
-            "files": "",  # glob of local text files; overrides name when set
-            "seq_len": 256,  # T, training context
-            "data_dir": "",  # TFDS data dir; "" = TFDS default
-            "text_key": "text",  # text feature of a TFDS dataset
-            "train_split": "train",  # split to train on
-            "eval_split": "validation",  # split to evaluate on
-            "max_documents": 0,  # documents read per split; 0 = all
-            "tasks": (),  # multimodal tasks; () = all of the dataset's
-            "scheme": "flat",  # multimodal layout (rope_jax.layouts.SCHEMES)
-            "tokenizer": "",  # "" = the data's own; bytes | train:VOCAB | file path
-            "packing": "stream",  # stream | documents
-            "passkey_rate": 0.0,  # share of training windows that are passkey examples
-            "passkey_weight": 1.0,  # loss weight of their answer targets
-        }
-    )
+    """`config.data` with every field this package reads, at its default
+    (`rope_jax.defaults.data`, where each field is commented)."""
+    return defaults.data()
 
 
 __all__ = [

@@ -9,7 +9,7 @@
 text file: the C sources and headers, assembly, the reStructuredText and plain-text
 documentation (`Documentation/` is about 35 MB of English prose), Kconfig and Makefiles,
 scripts; files holding a NUL byte are skipped. Held out by a hash of the path (1%
-validation, 1% test, `corpora.hash_split`), so the split does not depend on the
+validation, 1% test, `splits.by_name`), so the split does not depend on the
 tokenizer or on the order the archive stores files in. The archive is streamed (nothing
 is unpacked to disk); each pass of `prepare` reads it again. Licence: the kernel is
 GPL-2.0 with the Linux syscall note; parts of `Documentation/` are under other free

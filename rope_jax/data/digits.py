@@ -15,7 +15,7 @@ import functools
 import numpy as np
 import tensorflow_datasets as tfds
 
-from rope_jax.data.corpora import SPLITS, hash_split
+from rope_jax.data.splits import SPLITS, by_name
 
 SIZE = 8  # pixels per side
 MAX_INK = 16  # pixel values lie in 0..16
@@ -24,7 +24,7 @@ NUM_CLASSES = 10
 
 def split_of(index: int) -> str:
     """The split of digit image `index` (fixed by the index, stable across machines)."""
-    return hash_split(f"digit-{index}", validation_percent=15, test_percent=15)
+    return by_name(f"digit-{index}", validation_percent=15, test_percent=15)
 
 
 class RopeDigits(tfds.core.GeneratorBasedBuilder):

@@ -75,7 +75,7 @@ class Text:
         )
 
     def eval_iterator(self, *, split, batch_size, seq_len, num_batches, shard):
-        seq_len = _positive_int(seq_len or self.config.get("seq_len", None), "seq_len")
+        seq_len = _positive_int(seq_len or self.config.seq_len, "seq_len")
         if num_batches is not None:
             num_batches = _positive_int(num_batches, "num_batches")
         return self._eval_batches(split=split, batch_size=batch_size, seq_len=seq_len,
@@ -107,8 +107,8 @@ class Prepared(Text):
         if prepared.auto_source(self.config) is None:
             prepared.check_tokenizer(self.config, self.path)
             c = self.config
-            prepared.check_splits(self.path, [c.get("train_split", None) or "train",
-                                              c.get("eval_split", None) or "validation",
+            prepared.check_splits(self.path, [c.train_split,
+                                              c.eval_split,
                                               *eval_splits])  # fmt: skip
 
     def prepare(self) -> None:
@@ -172,7 +172,7 @@ class Multimodal:
 def kind(data_config) -> Text | Prepared | Multimodal:
     """The kind of data `config.data` names: a multimodal family, a prepared corpus (named,
     or a raw one with a `data.tokenizer`), or else raw byte-level text."""
-    if data_config.get("name", "") in multimodal.FAMILIES and not data_config.get("files", ""):
+    if data_config.name in multimodal.FAMILIES and not data_config.files:
         if prepared.tokenizer_spec(data_config) not in ("", "bytes"):
             raise ValueError(
                 f"data.tokenizer={prepared.tokenizer_spec(data_config)!r}: multimodal data "
@@ -185,7 +185,7 @@ def kind(data_config) -> Text | Prepared | Multimodal:
 
 def check_scheme(data_config) -> None:
     """`data.scheme` must name a layout (text ignores it; multimodal data places with it)."""
-    scheme = data_config.get("scheme", "flat")
+    scheme = data_config.scheme
     if scheme not in layouts.SCHEMES:
         raise ValueError(f"data.scheme={scheme!r} is not one of {', '.join(layouts.SCHEMES)}")
 
@@ -228,7 +228,7 @@ def make_train_iterator(data_config, *, seed: int, batch_size: int, process_inde
       A `grain.DatasetIterator`; `it.get_state()` is a small JSON-serialisable dict
       and `it.set_state(state)` resumes exactly at the batch after the snapshot.
     """
-    _positive_int(data_config.get("seq_len", None), "data.seq_len")
+    _positive_int(data_config.seq_len, "data.seq_len")
     batch_size = _positive_int(batch_size, "batch_size")
     shard = _shard(process_index, process_count)
     if not 0 <= int(seed) < 2**32:

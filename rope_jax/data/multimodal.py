@@ -255,7 +255,7 @@ def family(data_config) -> Family:
 def tasks(data_config) -> tuple[str, ...]:
     """The configured tasks (`data.tasks`; () = all of the family's), validated."""
     fam = family(data_config)
-    chosen = tuple(data_config.get("tasks", ()) or ()) or tuple(fam.tasks)
+    chosen = tuple(data_config.tasks) or tuple(fam.tasks)
     bad = [t for t in chosen if t not in fam.tasks]
     if bad:
         raise ValueError(
@@ -280,15 +280,15 @@ def check_config(data_config, model_config, eval_splits=()) -> None:
     """
     fam = family(data_config)
     chosen = tasks(data_config)
-    scheme = data_config.get("scheme", "flat")
-    if model_config.get("patch_dim", 0) != PATCH_DIM:
+    scheme = data_config.scheme
+    if model_config.patch_dim != PATCH_DIM:
         raise ValueError(
             f"model.patch_dim={model_config.get('patch_dim', 0)} must be {PATCH_DIM} for "
             f"data.name={data_config.name!r} (8x8 digit patches)"
         )
-    train_split = data_config.get("train_split", "train")
+    train_split = data_config.train_split
     for field, names in (("data.train_split", (train_split,)),
-                         ("data.eval_split", (data_config.get("eval_split", "validation"),)),
+                         ("data.eval_split", (data_config.eval_split,)),
                          ("eval.splits", tuple(eval_splits))):  # fmt: skip
         bad = [n for n in names if n not in fam.splits]
         if bad:
@@ -314,11 +314,11 @@ def check_config(data_config, model_config, eval_splits=()) -> None:
 def layout_settings(data_config) -> tuple[float | None, dict]:
     """(data.seconds_per_frame of every video, the `layouts.positions` settings
     data.tokens_per_second and data.delta), checked against data.scheme; None = unset."""
-    seconds_per_frame = data_config.get("seconds_per_frame")
-    settings = {k: data_config.get(k) for k in layouts.SETTINGS}
+    seconds_per_frame = data_config.seconds_per_frame
+    settings = {k: data_config[k] for k in layouts.SETTINGS}
     try:
         layouts.timed((), seconds_per_frame)  # checks the value
-        settings = layouts.check_settings(data_config.get("scheme", "flat"), **settings)
+        settings = layouts.check_settings(data_config.scheme, **settings)
     except ValueError as e:
         raise ValueError(f"data.{e}") from None
     return seconds_per_frame, settings
@@ -369,7 +369,7 @@ class Examples:
         self.split, self.seed, self.limit, self.shard = fam.splits[split], seed, limit, shard
         self.tasks = [fam.tasks[t] for t in tasks(data_config)]
         self.pool = Pool(*digits.load_split(data_dir(data_config), self.split.images))
-        self.scheme, self.num_axes = data_config.get("scheme", "flat"), fam.num_axes
+        self.scheme, self.num_axes = data_config.scheme, fam.num_axes
         self.seconds_per_frame, self.layout_settings = layout_settings(data_config)
         self.seq_len = int(data_config.seq_len)
 
@@ -415,7 +415,7 @@ class Examples:
 
 def data_dir(data_config) -> str | None:
     """`data.data_dir` with `~` expanded; None = the TFDS default."""
-    path = data_config.get("data_dir", "") or ""
+    path = data_config.data_dir
     return os.path.expanduser(path) if path else None
 
 
@@ -426,7 +426,7 @@ def _split_seed(name: str) -> int:
 
 def make_train_iterator(data_config, *, seed: int, batch_size: int, shard: tuple[int, int]):
     """Infinite, checkpointable iterator of training batches (fresh examples forever)."""
-    examples = Examples(data_config, split=data_config.get("train_split", "train"),
+    examples = Examples(data_config, split=data_config.train_split,
                         seed=int(seed), shard=shard)  # fmt: skip
     ds = grain.MapDataset.range(2**62).batch(batch_size * shard[1]).map(examples)
     return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))

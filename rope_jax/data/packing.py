@@ -21,7 +21,7 @@ MODES = ("stream", "documents")
 
 
 def mode(data_config) -> str:
-    return data_config.get("packing", "stream") or "stream"
+    return data_config.packing
 
 
 def check(data_config, text: bool) -> None:

@@ -44,17 +44,17 @@ def min_length() -> int:
 
 
 def rate(data_config) -> float:
-    return float(data_config.get("passkey_rate", 0.0) or 0.0)
+    return float(data_config.passkey_rate)
 
 
 def weight(data_config) -> float:
-    return float(data_config.get("passkey_weight", 1.0) or 1.0)
+    return float(data_config.passkey_weight)
 
 
 def check(data_config, byte_text: bool) -> None:
     """`data.passkey_rate` lies in [0, 1]; above 0 it needs byte-level text and a
     training window long enough for one example."""
-    value = data_config.get("passkey_rate", 0.0) or 0.0
+    value = data_config.passkey_rate
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
         raise ValueError(f"data.passkey_rate={value!r} must be a number in [0, 1]")
     if value and not byte_text:
@@ -62,7 +62,7 @@ def check(data_config, byte_text: bool) -> None:
             f"data.passkey_rate={value}: passkey examples are byte-level text; this data "
             "is not (use a raw text corpus with the byte tokenizer)"
         )
-    w = data_config.get("passkey_weight", 1.0)
+    w = data_config.passkey_weight
     if isinstance(w, bool) or not isinstance(w, int | float) or not w > 0:
         raise ValueError(f"data.passkey_weight={w!r} must be a number > 0")
     if value and int(data_config.seq_len) < min_length():

@@ -78,7 +78,7 @@ class Windows:
 def text_train_iterator(data_config, *, seed: int, batch_size: int, shard: tuple[int, int]):
     """Training windows of a text corpus, shuffled per epoch, forever (see module doc)."""
     seq_len = int(data_config.seq_len)
-    tokens = sources.token_stream(data_config, data_config.get("train_split", None) or "train")
+    tokens = sources.token_stream(data_config, data_config.train_split)
     num_windows = (len(tokens) - 1) // seq_len
     if num_windows < 1:
         raise sources.DataSourceError(

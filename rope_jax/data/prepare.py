@@ -18,11 +18,12 @@ Splits: shipped corpora keep the splits of `rope_jax.data.corpora` (held-out pla
 name; stdlib files by path hash), so their numbers compare with the TFDS builders.
 Other sources go by a seeded hash of each document's text: 1% validation, 1% test,
 98% train (`--held_out_percent` sets the 1%), at least one document in each held-out
-split when there are 3 or more (identical documents land in the same split); a
-held-out split left empty or with a single document is a warning that says how to
-change it. `--max_documents` keeps the first N documents of each split. A .txt or
-.jsonl file that is not valid UTF-8 (binary?) is a warning with the count of invalid
-byte sequences replaced.
+split when there are 3 or more (identical documents land in the same split), and one
+or two documents are each cut 90/5/5 at line ends: `rope_jax.data.splits`, the rule raw
+`data.files` follows too. A held-out split left empty or with a single document is a
+warning that says how to change it. `--max_documents` keeps the first N documents of
+each split. A .txt or .jsonl file that is not valid UTF-8 (binary?) is a warning with
+the count of invalid byte sequences replaced.
 
 Output: DIR/NAME/ in the format of `rope_jax.data.shards` (read it with
 `shards.open_split` / `shards.window_dataset`), plus metadata.json with the counts per
@@ -58,11 +59,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from rope_jax.data import readers, shards, tokenizers
+from rope_jax.data import readers, shards, splits, tokenizers
 from rope_jax.data.readers import Doc, PrepareError
 
-SPLITS = ("train", "validation", "test")
-HELD_OUT_PERCENT = {"validation": 1.0, "test": 1.0}  # the rest is train
+SPLITS = splits.SPLITS
+HELD_OUT_PERCENT = {"validation": splits.HELD_OUT_PERCENT, "test": splits.HELD_OUT_PERCENT}
 STAGING = ".staging"  # DIR/NAME/.staging: shards and their entries while preparing
 SETTINGS_FILE = "settings.json"
 CHUNK_DOCUMENTS, CHUNK_BYTES = 256, 1 << 20  # one task for a worker
@@ -88,7 +89,7 @@ class Settings:
 def documents(settings: Settings, tally: Counter | None = None) -> Iterator[Doc]:
     """Every document of the source, in a fixed order (`readers.documents`); `tally`
     counts the invalid UTF-8 byte sequences replaced, per file."""
-    return readers.documents(settings.source, settings.text_key, tally)
+    return splits.cut_small(readers.documents(settings.source, settings.text_key, tally))
 
 
 def source_fingerprint(settings: Settings) -> str:
@@ -99,22 +100,6 @@ def source_fingerprint(settings: Settings) -> str:
 # ------------------------------------------------------------------------------ splits
 
 
-def hash_unit(text: str, seed: int) -> float:
-    """A document's place in [0, 1): keyed blake2b of its UTF-8 text."""
-    key = seed.to_bytes(8, "little", signed=True)
-    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8, key=key).digest()
-    return int.from_bytes(digest, "little") / 2**64
-
-
-def hash_split(unit: float, percent: float = HELD_OUT_PERCENT["validation"]) -> str:
-    """validation below `percent`%, test below twice that, train above."""
-    if unit < percent / 100:
-        return "validation"
-    if unit < 2 * percent / 100:
-        return "test"
-    return "train"
-
-
 @dataclasses.dataclass
 class SplitPlan:
     """Result of the first pass: forced moves, then per split the kept documents/bytes."""
@@ -122,13 +107,13 @@ class SplitPlan:
     forced: dict[int, str]
     documents: dict[str, int]
     bytes: dict[str, int]
+    cut: bool = False  # 1-2 documents, each cut 90/5/5 at line ends (`splits.cut_small`)
 
 
 def _assign(index: int, doc: Doc, text: str, settings: Settings, forced: dict) -> str:
     if doc.split is not None:
         return doc.split
-    unit = hash_unit(text, settings.seed)
-    return forced.get(index) or hash_split(unit, settings.held_out_percent)
+    return forced.get(index) or splits.by_text(text, settings.held_out_percent, settings.seed)
 
 
 def _labelled(settings: Settings, forced: dict, tally: Counter | None = None
@@ -159,8 +144,9 @@ def _count(settings: Settings, forced: dict, tally: Counter | None = None
     lowest, total = [], 0
     for index, doc, split, text in _labelled(settings, forced, tally):
         total += 1
+        plan.cut = plan.cut or doc.part
         if doc.split is None and split == "train":
-            lowest = sorted([*lowest, (hash_unit(text, settings.seed), index)])[:2]
+            lowest = sorted([*lowest, (splits.text_unit(text, settings.seed), index)])[:2]
         if not settings.max_documents or plan.documents[split] < settings.max_documents:
             plan.documents[split] += 1
             plan.bytes[split] += len(text.encode("utf-8"))
@@ -175,10 +161,7 @@ def plan_splits(settings: Settings, tally: Counter | None = None) -> SplitPlan:
     plan, total, lowest = _count(settings, {}, tally)
     if total == 0:
         raise PrepareError(f"--source={settings.source!r} has no non-empty documents")
-    forced = {}
-    for split in ("validation", "test"):
-        if plan.documents[split] == 0 and total >= 3 and lowest:
-            forced[lowest.pop(0)[1]] = split
+    forced = splits.forced_moves(plan.documents, total, lowest)
     return _count(settings, forced)[0] if forced else plan
 
 
@@ -193,6 +176,9 @@ def plan_warnings(settings: Settings, plan: SplitPlan, tally: Counter) -> list[s
         out.append(f"{len(bad)} file(s) are not valid UTF-8 (binary?): {sum(tally.values()):,} "
                    f"invalid byte sequence(s) replaced by U+FFFD: {named}")  # fmt: skip
     total = sum(plan.documents.values())
+    if plan.cut:
+        return [*out, f"the source has {total // 3} document(s): each is cut at line ends into "
+                "90% train, 5% validation, 5% test; give 3 or more to hold out whole ones"]
     for split in ("validation", "test"):
         count = plan.documents[split]
         if count == 0:

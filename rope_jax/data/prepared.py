@@ -40,12 +40,12 @@ READ_OPTIONS = grain.ReadOptions(num_threads=2, prefetch_buffer_size=4)
 
 def root_dir(data_config) -> str:
     """`data.data_dir`, or the TFDS default data dir."""
-    return os.path.expanduser(data_config.get("data_dir", "") or tfds.core.constants.DATA_DIR)
+    return os.path.expanduser(data_config.data_dir or tfds.core.constants.DATA_DIR)
 
 
 def tokenizer_spec(data_config) -> str:
     """`data.tokenizer` ('' = the data's own: bytes for raw text, a dataset's stored one)."""
-    return str(data_config.get("tokenizer", "") or "").strip()
+    return str(data_config.tokenizer).strip()
 
 
 def auto_source(data_config) -> str | None:
@@ -54,10 +54,10 @@ def auto_source(data_config) -> str | None:
     spec = tokenizer_spec(data_config)
     if spec in ("", "bytes"):
         return None
-    files = data_config.get("files", "")
+    files = data_config.files
     if files:
         return files
-    name = data_config.get("name", "")
+    name = data_config.name
     if name in _shipped():
         return name
     if _is_dataset(os.path.join(root_dir(data_config), name)):
@@ -75,7 +75,7 @@ def dataset_path(data_config) -> str | None:
     source = auto_source(data_config)
     if source is not None:
         return os.path.join(root_dir(data_config), AUTO_DIR, _auto_name(data_config, source))
-    if data_config.get("files", "") or not data_config.get("name", ""):
+    if data_config.files or not data_config.name:
         return None
     path = os.path.join(root_dir(data_config), data_config.name)
     return path if _is_dataset(path) else None
@@ -98,8 +98,8 @@ def _auto_settings(data_config, source: str):
     return prepare.Settings(
         source=source,
         tokenizer=tokenizer_spec(data_config),
-        text_key=data_config.get("text_key", "text") or "text",
-        max_documents=int(data_config.get("max_documents", 0) or 0),
+        text_key=data_config.text_key,
+        max_documents=int(data_config.max_documents),
     )
 
 
@@ -295,7 +295,7 @@ class Windows:
 def train_iterator(data_config, path: str, *, seed: int, batch_size: int, shard):
     """Shuffled full windows of the train split, a new permutation per epoch, forever."""
     seq_len = int(data_config.seq_len)
-    split = open_split(path, data_config.get("train_split", None) or "train")
+    split = open_split(path, data_config.train_split)
     num_windows = split.num_windows(seq_len)
     if num_windows < 1:
         raise sources.DataSourceError(

@@ -28,6 +28,8 @@ import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 
+from rope_jax.data import splits
+
 SHIPPED = ("shakespeare", "python_stdlib")
 TFDS_PREFIX = "tfds:"
 
@@ -38,11 +40,13 @@ class PrepareError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Doc:
-    """One document: `key` for messages, a fixed `split` (shipped corpora) or None."""
+    """One document: `key` for messages, a fixed `split` (shipped corpora) or None;
+    `part`: a line-cut part of a document of a corpus too small to split by document."""
 
     key: str
     split: str | None
     read: Callable[[], str]
+    part: bool = False
 
 
 # ----------------------------------------------------------------------------- sources
@@ -159,11 +163,11 @@ def _txt_doc(path: str, tally: Counter | None = None) -> Doc:
 
 
 def _archive_docs(name: str, tally: Counter | None = None) -> Iterator[Doc]:
-    from rope_jax.data import archives, corpora
+    from rope_jax.data import archives
 
     percent = archives.ARCHIVES[name].held_out_percent
     for rel, data in archives.members(name):
-        split = corpora.hash_split(rel, validation_percent=percent, test_percent=percent)
+        split = splits.by_name(rel, validation_percent=percent, test_percent=percent)
         yield Doc(rel, split, lambda d=data, k=rel: decode(d, k, tally))
 
 
@@ -179,7 +183,7 @@ def _shipped_docs(name: str) -> Iterator[Doc]:
             )
     else:
         for rel, path in corpora.stdlib_files().items():
-            yield Doc(rel, corpora.hash_split(rel), lambda p=path: corpora.read_source(p))
+            yield Doc(rel, splits.by_name(rel), lambda p=path: corpora.read_source(p))
 
 
 def documents(source: str, text_key: str = "text", tally: Counter | None = None) -> Iterator[Doc]:

@@ -2,7 +2,8 @@
 
 Three kinds of source, chosen by the config (see `rope_jax.data.default_config`):
 
-* `data.files` non-empty: local text files matched by a glob, split by file;
+* `data.files` non-empty: local .txt / .jsonl / .parquet files matched by a glob,
+  held out document by document (`splits.label`, the rule `prepare` follows);
 * `data.name` in `corpora.CORPORA` (`shakespeare`, `python_stdlib`): built into
   `data.data_dir` on first use;
 * any other `data.name`: a TFDS dataset that must already be on disk as
@@ -15,8 +16,8 @@ one-line message naming the field, the value and the fix.
 
 from __future__ import annotations
 
+import collections
 import glob
-import hashlib
 import os
 import warnings
 
@@ -25,7 +26,7 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.core import file_adapters
 from tensorflow_datasets.core.registered import DatasetNotFoundError
 
-from rope_jax.data import corpora
+from rope_jax.data import corpora, readers, splits
 from rope_jax.data.tokenizer import EOS_ID
 
 # TFDS file formats that support random access (and so `as_data_source`).
@@ -36,13 +37,8 @@ class DataSourceError(ValueError):
     """A data source that cannot be used as configured (message is one line)."""
 
 
-def _field(data_config, key: str, default):
-    value = data_config.get(key, default)
-    return default if value is None else value
-
-
 def _data_dir(data_config) -> str | None:
-    data_dir = _field(data_config, "data_dir", "")
+    data_dir = data_config.data_dir
     return os.path.expanduser(data_dir) if data_dir else None
 
 
@@ -64,64 +60,30 @@ def _glob(pattern: str) -> list[str]:
     return paths
 
 
-def _file_split_assignment(paths: list[str]) -> dict[str, str]:
-    """File -> split: the 5% (at least one) files with the lowest path hash go to
-    validation, the next 5% to test, the rest to train. Deterministic."""
-    root = os.path.commonpath(paths) if len(paths) > 1 else os.path.dirname(paths[0])
-    rel = {p: os.path.relpath(p, root) for p in paths}
-    order = sorted(paths, key=lambda p: (hashlib.md5(rel[p].encode()).hexdigest(), p))
-    k = max(1, round(0.05 * len(paths)))
-    return {
-        p: "validation" if i < k else "test" if i < 2 * k else "train" for i, p in enumerate(order)
-    }
-
-
-def _cut_at_newline(data: bytes, fraction: float) -> int:
-    cut = int(len(data) * fraction)
-    newline = data.find(b"\n", cut)
-    return len(data) if newline < 0 else newline + 1
-
-
-def _file_documents(pattern: str, split: str) -> list[bytes]:
-    """With >= 3 files the split is by whole file; with 1 or 2 files every file is cut
-    (at line ends) into its first 90% for train, next 5% validation, last 5% test."""
-    if split not in corpora.SPLITS:
-        raise DataSourceError(f"split={split!r} is not one of {corpora.SPLITS} for data.files")
-    paths = _glob(pattern)
-    if len(paths) >= 3:
-        assignment = _file_split_assignment(paths)
-        return [_read_bytes(p) for p in paths if assignment[p] == split]
-    documents = []
-    for path in paths:
-        data = _read_bytes(path)
-        a, b = _cut_at_newline(data, 0.90), _cut_at_newline(data, 0.95)
-        part = {"train": data[:a], "validation": data[a:b], "test": data[b:]}[split]
-        if part:
-            documents.append(part)
-    return documents
-
-
 _WARNED: set[str] = set()  # files already reported as not UTF-8
 
 
-def _read_bytes(path: str) -> bytes:
-    """File contents as UTF-8 (invalid bytes replaced, so decode() round-trips); a file
-    that is not valid UTF-8 (binary) is a warning, once, with the count of replaced bytes."""
-    with open(path, "rb") as f:
-        raw = f.read()
+def _file_documents(pattern: str, split: str) -> list[bytes]:
+    """`split`'s documents of the files (`readers.documents`: a .txt file is one, a
+    .jsonl line or .parquet row one each), held out by `splits.label`, the rule
+    `python -m rope_jax.data.prepare` follows: the same files give the same held-out
+    text whatever the tokenizer."""
+    if split not in splits.SPLITS:
+        raise DataSourceError(f"split={split!r} is not one of {splits.SPLITS} for data.files")
+    _glob(pattern)  # nothing matched: the data.files message
+    tally = collections.Counter()  # invalid UTF-8 sequences replaced, per file
     try:
-        return raw.decode("utf-8").encode("utf-8")
-    except UnicodeDecodeError:
-        text = raw.decode("utf-8", errors="replace")
-    replaced = text.count("\ufffd") - raw.count("\ufffd".encode())
-    if path not in _WARNED:
+        docs = splits.cut_small(readers.documents(pattern, tally=tally))
+        docs = [(doc.split, doc.read()) for doc in docs]
+    except readers.PrepareError as e:
+        raise DataSourceError(f"data.files={pattern!r}: {e}") from None
+    for path in sorted(f for f, n in tally.items() if n and f not in _WARNED):
         _WARNED.add(path)
-        warnings.warn(f"{path} is not valid UTF-8 (binary?): {replaced:,} invalid byte "
+        warnings.warn(f"{path} is not valid UTF-8 (binary?): {tally[path]} invalid byte "
                       "sequence(s) replaced by U+FFFD", stacklevel=2)  # fmt: skip
-    return text.encode("utf-8")
-
-
-# ------------------------------------------------------------------------------- TFDS
+    docs = [(fixed, text) for fixed, text in docs if text]
+    labels = splits.label(docs)
+    return [text.encode("utf-8") for (_, text), s in zip(docs, labels, strict=True) if s == split]
 
 
 def open_tfds(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
@@ -161,7 +123,7 @@ def open_tfds(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
 
 
 def _builder(data_config) -> tfds.core.DatasetBuilder:
-    name = _field(data_config, "name", "")
+    name = data_config.name
     if not name:
         raise DataSourceError("data.name is empty and data.files is empty: set one of them")
     data_dir = _data_dir(data_config)
@@ -177,7 +139,7 @@ def _tfds_documents(data_config, split: str, max_documents: int) -> list[bytes]:
         raise DataSourceError(
             f"split {split!r} is not in TFDS dataset {builder.name!r}; available: {available}"
         )
-    text_key = _field(data_config, "text_key", "text")
+    text_key = data_config.text_key
     features = builder.info.features
     if text_key.split("/")[0] not in features:
         raise DataSourceError(
@@ -200,8 +162,8 @@ def _tfds_documents(data_config, split: str, max_documents: int) -> list[bytes]:
 
 def documents(data_config, split: str) -> list[bytes]:
     """The UTF-8 documents of one split, in a deterministic order."""
-    files = _field(data_config, "files", "")
-    max_documents = int(_field(data_config, "max_documents", 0))
+    files = data_config.files
+    max_documents = int(data_config.max_documents)
     if files:
         docs = _file_documents(files, split)
         return docs[:max_documents] if max_documents > 0 else docs
@@ -210,7 +172,7 @@ def documents(data_config, split: str) -> list[bytes]:
 
 def prepare(data_config) -> None:
     """Builds a shipped text corpus if needed; checks that any other source is usable."""
-    files = _field(data_config, "files", "")
+    files = data_config.files
     if files:
         _glob(files)
     else:
@@ -219,8 +181,8 @@ def prepare(data_config) -> None:
 
 def describe(data_config) -> str:
     """Short name of the source for messages: `files='...'` or `name='...'`."""
-    files = _field(data_config, "files", "")
-    return f"data.files={files!r}" if files else f"data.name={_field(data_config, 'name', '')!r}"
+    files = data_config.files
+    return f"data.files={files!r}" if files else f"data.name={data_config.name!r}"
 
 
 def _concat(docs: list[bytes]) -> np.ndarray:
@@ -244,7 +206,7 @@ def token_stream(data_config, split: str) -> np.ndarray:
     Kept in memory per (source, split) for the life of the process; read-only.
     """
     fields = ("name", "files", "data_dir", "text_key", "max_documents")
-    key = tuple(str(_field(data_config, k, "")) for k in fields) + (split,)
+    key = tuple(str(data_config[k]) for k in fields) + (split,)
     if key not in _STREAMS:
         docs = documents(data_config, split)
         if not docs:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import ast
 import collections
 import difflib
-import importlib.util
 import inspect
 import json
 import os
 import re
 import shlex
-import sys
+
+from rope_jax import defaults
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # train.py
 SETTINGS = ("model.num_layers", "model.embed_dim", "model.num_heads", "model.num_kv_heads",
@@ -117,18 +117,15 @@ def apply(config, overrides: dict, where: str) -> None:
 
 def load_rows(path: str, arg: str):
     """(module, base config, rows) from a config file with get_config(arg) and sweep(add)."""
-    if not os.path.isfile(path):
-        raise SweepError(f"--config: no file {path!r}")
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)  # config modules import `configs.common`
-    spec = importlib.util.spec_from_file_location("sweep_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        module = defaults.load_module(path)
+    except ValueError as e:
+        raise SweepError(f"--config: {e}") from None
     if not callable(getattr(module, "sweep", None)):
         raise SweepError(f"{path} defines no sweep(add); add one that calls "
                          "add(name='vo', **{'model.rope.sites': 'vo'}) per row")  # fmt: skip
     try:
-        base = module.get_config(arg) if arg else module.get_config()
+        base = defaults.fill(module.get_config(arg) if arg else module.get_config())
     except (TypeError, ValueError) as e:
         raise SweepError(f"--config={path}:{arg}: {e}") from None
     rows = {}
@@ -183,14 +180,14 @@ def plan(args) -> tuple[list[Job], dict]:
     config_arg, runs = os.path.abspath(path) + (f":{arg}" if arg else ""), []
     kv_bytes = {}
     for row, overrides in rows.items():
-        config = base.copy_and_resolve_references()
+        config = defaults.fill(base)
         apply(config, overrides, f"{path}: row {row}")
         try:
-            checks.check_config(config)
+            config = checks.resolve(config)
         except ValueError as e:
             raise SweepError(f"row {row}: {e}") from None
         kv_bytes[row] = model.kv_cache_bytes_per_token(config.model)
-        t, splits = int(config.data.seq_len), tuple(config.eval.get("splits", ()))
+        t, splits = int(config.data.seq_len), tuple(config.eval.splits)
         lens = [t] if splits else [t, *sorted({t * m for m in mults if m > 1})]
         flags = [f"--config.{k}={flag_value(v)}" for k, v in {**sets, **overrides}.items()]
         for seed in range(args.seeds):
@@ -206,9 +203,9 @@ def plan(args) -> tuple[list[Job], dict]:
         "config": args.config, "title": (module.__doc__ or "").strip().split("\n")[0],
         "overrides": {r: {k: flag_value(v) for k, v in o.items()} for r, o in rows.items()},
         "settings": {k: fields[k] for k in SETTINGS if k in fields}
-        | {k: fields[k] for k, v in OPTIONAL_SETTINGS.items() if fields.get(k, v) != v},
+        | {k: fields[k] for k, v in OPTIONAL_SETTINGS.items() if fields[k] != v},
         "article_loss": getattr(module, "ARTICLE_LOSS", None), "seeds": list(range(args.seeds)),
-        "eval_split": fields.get("data.eval_split", "validation"), "kv_bytes": kv_bytes,
+        "eval_split": fields["data.eval_split"], "kv_bytes": kv_bytes,
     }  # fmt: skip
 
 

@@ -49,6 +49,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from rope_jax import defaults
 from rope_jax.data import tokenizers
 from rope_jax.harness import console
 from rope_jax.harness import workdir as workdir_lib
@@ -95,6 +96,9 @@ def save_config(workdir: str, config, *, keep_old_as: int | None = None) -> str 
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
+    """The run config saved in `workdir`, in today's layout with every field filled
+    (`rope_jax.defaults`: fields added since the run was saved take their defaults,
+    the values it used); unresolved, as a config file gives it."""
     path = os.path.join(workdir, CONFIG_FILE)
     if not os.path.exists(path):
         raise CheckpointError(f"no {CONFIG_FILE} in {workdir!r}: not a training workdir")
@@ -103,7 +107,10 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
             raw = json.load(f)
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
-    return ml_collections.ConfigDict(_upgrade(_tuples(raw)))
+    try:
+        return defaults.fill(defaults.migrate(_tuples(raw)))
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {e}") from None
 
 
 def save_tokenizer(workdir: str, tok: tokenizers.Tokenizer) -> None:
@@ -140,17 +147,6 @@ def check_tokenizer(workdir: str, tok: tokenizers.Tokenizer) -> None:
         )
 
 
-def _upgrade(raw: dict) -> dict:
-    """A config saved before the layout scheme moved to `data.scheme` and the number of
-    position axes became the data's: moves `model.rope.scheme`, drops `num_axes`."""
-    rope = raw.get("model", {}).get("rope", {})
-    scheme = rope.pop("scheme", None)
-    rope.pop("num_axes", None)
-    if scheme is not None and "data" in raw:
-        raw["data"].setdefault("scheme", scheme)
-    return raw
-
-
 def _tuples(tree):
     """JSON lists back to tuples (configs hold tuples: sections, mesh shape, ...)."""
     if isinstance(tree, dict):
@@ -160,13 +156,6 @@ def _tuples(tree):
     return tree
 
 
-# Model fields added after some runs were saved, with the value those runs used (fields
-# whose default is None need no entry: a missing field reads as None).
-_MODEL_DEFAULTS = {"attention.kv": "separate", "attention.impl": "xla",
-                   "rope.nope_every": 0, "rope.global_every": 0,
-                   "rope.scaling.rope_type": "default", "rope.learned": "none",
-                   "norm_eps": 1e-6, "tie_embeddings": False, "attention.qkv_bias": False,
-                   "attention.qk_norm": False}  # fmt: skip
 # Model fields that choose how the same parameters are computed, not what they are.
 _COMPUTE_ONLY = ("dtype", "attention.impl")
 
@@ -174,8 +163,8 @@ _COMPUTE_ONLY = ("dtype", "attention.impl")
 def check_same_model(saved, config, *, where: str) -> None:
     """The model section decides parameter shapes and meaning: it must match to restore
     (all of it but the compute choices, `_COMPUTE_ONLY`)."""
-    old = {**_MODEL_DEFAULTS, **_flatten(saved.model.to_dict())}
-    new = {**_MODEL_DEFAULTS, **_flatten(config.model.to_dict())}
+    old = _flatten(defaults.fill_model(saved.model).to_dict())
+    new = _flatten(defaults.fill_model(config.model).to_dict())
     diffs = [
         f"model.{k}: {old.get(k)!r} -> {new.get(k)!r}"
         for k in sorted(set(old) | set(new))

@@ -1,18 +1,55 @@
-"""Every config rule, checked in one place before anything is built or compiled.
+"""The run config resolved once, and every config rule, checked in one place.
 
-Each section's rules are owned by the code that reads the section (the model's by
-`nn.model.check_config`, the data's by its kind, the optimiser's registries by
-`harness.optim`); `check_config` runs them all once, in order, and each failure is
-one `ValueError` line naming the field, its value and what is allowed.
+  config = checks.resolve(raw)         # migrated, filled from rope_jax.defaults, checked, frozen
+  data.ensure_built(config.data)
+  config = checks.settle_vocab(config) # model.vocab_size from the data's tokenizer
+
+Entry points (train, eval, build, dry run) call `resolve`; a resolved config (frozen) is
+passed through, so its rules run once. Each section's rules are owned by the code that
+reads the section (the model's by `nn.model.check_config`, the data's by its kind, the
+optimiser's registries by `harness.optim`); `check_config` runs them all, in order, and
+each failure is one `ValueError` line naming the field, its value and what is allowed.
 """
 
 from __future__ import annotations
 
 import ml_collections
 
-from rope_jax import data
+from rope_jax import data, defaults
 from rope_jax.harness import optim
 from rope_jax.nn import model
+
+
+def resolve(config) -> ml_collections.FrozenConfigDict:
+    """`config` as every module reads it: an older run's layout migrated, every field
+    filled from `rope_jax.defaults`, every rule checked (`check_config`), frozen. A
+    frozen config is taken as resolved and returned as it is."""
+    if isinstance(config, ml_collections.FrozenConfigDict):
+        return config
+    raw = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
+    filled = defaults.fill(defaults.migrate(raw))
+    check_config(filled)
+    return ml_collections.FrozenConfigDict(filled)
+
+
+def settle_vocab(config) -> ml_collections.FrozenConfigDict:
+    """The resolved `config` with `model.vocab_size` from the data's tokenizer, the one
+    model field the data decides: the byte default (259) follows the tokenizer; any other
+    value must equal it. Needs the data built or prepared (`data.ensure_built`)."""
+    config = resolve(config)
+    want = int(data.kind(config.data).vocab_size)
+    have = config.model.vocab_size
+    if have == want:
+        return config
+    if have != data.VOCAB_SIZE:
+        raise ValueError(
+            f"model.vocab_size={have} does not match the tokenizer of "
+            f"{data.sources.describe(config.data)} ({want} ids); leave it at "
+            f"{data.VOCAB_SIZE} to follow the tokenizer"
+        )
+    settled = defaults.fill(config)
+    settled.model.vocab_size = want
+    return ml_collections.FrozenConfigDict(settled)
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -20,13 +57,13 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     kind = data.kind(config.data)
     model.check_config(config.model, kind.num_axes, train_seq_len=config.data.seq_len)
     data.check_scheme(config.data)
-    kind.check(config.model, config.eval.get("splits", ()))
+    kind.check(config.model, config.eval.splits)
     _positive(config, "data.seq_len", "data.global_batch_size", "train.num_steps",
               "train.log_every_steps", "eval.batch_size", "train.ckpt_keep")  # fmt: skip
     _non_negative(config, "train.eval_every_steps", "train.ckpt_every_steps",
                   "eval.num_batches", "optim.warmup_steps", "optim.weight_decay",
                   "optim.grad_clip_norm")  # fmt: skip
-    microbatches = config.train.get("microbatches", 1)
+    microbatches = config.train.microbatches
     if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
         raise ValueError(f"train.microbatches={microbatches!r} must be a positive integer")
     _non_negative(config, "optim.z_loss", "train.num_tokens")
@@ -39,23 +76,6 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             raise ValueError(f"eval.seq_lens={tuple(config.eval.seq_lens)} must be positive ints")
 
 
-def resolve_vocab(config: ml_collections.ConfigDict) -> None:
-    """Sets `model.vocab_size` from the data's tokenizer, the one model field the data
-    decides: the byte default (259) follows the tokenizer; any other value must equal
-    it. Needs the data prepared (a prepared corpus's size is in its metadata)."""
-    want = int(data.kind(config.data).vocab_size)
-    have = config.model.vocab_size
-    if have == want:
-        return
-    if have != data.VOCAB_SIZE:
-        raise ValueError(
-            f"model.vocab_size={have} does not match the tokenizer of "
-            f"{data.sources.describe(config.data)} ({want} ids); leave it at "
-            f"{data.VOCAB_SIZE} to follow the tokenizer"
-        )
-    config.model.vocab_size = want
-
-
 def check_batch_fits_mesh(config, mesh) -> None:
     """Global and eval batches must split evenly over the data-parallel devices."""
     data_parallel = mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1)
@@ -65,7 +85,7 @@ def check_batch_fits_mesh(config, mesh) -> None:
                 f"{field}={_get(config, field)} is not divisible by the data-parallel size "
                 f"{data_parallel} (mesh {dict(mesh.shape)})"
             )
-    microbatches = config.train.get("microbatches", 1)
+    microbatches = config.train.microbatches
     per_device = config.data.global_batch_size // data_parallel
     if per_device % microbatches:
         raise ValueError(

@@ -24,14 +24,13 @@ V vocab, E patch width, T training context, B global batch (sequences).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import os
 import shlex
 import sys
 from collections.abc import Sequence
 
-from rope_jax import data, learned
+from rope_jax import data, defaults, learned
 from rope_jax.nn import model
 
 # Dense bfloat16 peak per device (no sparsity), FLOP/s.
@@ -41,7 +40,6 @@ MFU = 0.40  # planning figure for the wall-time columns (no 1b step measured her
 TOKENS_PER_PARAM = 20  # Chinchilla's compute-optimal ratio (Hoffmann et al., 2022)
 NOTES_MARKER = "<!-- notes: written by hand, kept when the command rewrites this file -->"
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # ------------------------------------------------------------------ counts
@@ -52,7 +50,7 @@ def block_matmul_params(model_cfg) -> int:
     D*K*H), o N*H*D, SwiGLU 3*D*F, per layer."""
     m = model_cfg
     d, n, k, h, f = m.embed_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.mlp_dim
-    kv = 1 if model.kv_mode(m) == "tied" else 2
+    kv = 1 if m.attention.kv == "tied" else 2
     return m.num_layers * (2 * d * n * h + kv * d * k * h + 3 * d * f)
 
 
@@ -61,14 +59,14 @@ def matmul_params(model_cfg) -> int:
     embedding E*D (applied at every position). Not the embedding table (a gather) or
     the norms' scales (elementwise)."""
     m = model_cfg
-    return block_matmul_params(m) + m.embed_dim * m.vocab_size + _patch_dim(m) * m.embed_dim
+    return block_matmul_params(m) + m.embed_dim * m.vocab_size + m.patch_dim * m.embed_dim
 
 
 def rotation_params(model_cfg, num_axes: int = 1) -> int:
     """Learned-rotation parameters (`rope.learned`), per layer that rotates: frequencies
     K*(H/2)*A, and with `commuting` the basis generator H*H; 0 for the fixed rotation."""
     m = model_cfg
-    trained = learned.KINDS[model.learned_kind(m)]
+    trained = learned.KINDS[m.rope.learned]
     if not trained:
         return 0
     rotating = sum(spec is not None for spec in model.layer_rotations(m, num_axes))
@@ -83,10 +81,9 @@ def num_params(model_cfg, num_axes: int = 1) -> int:
     position axes: 1 for text) + per layer the q/k/v biases (N + 2K)*H and q/k norm
     scales 2*H when the model has them."""
     m = model_cfg
-    table = 0 if model.tie_embeddings(m) else m.vocab_size * m.embed_dim
-    attention = m.get("attention") or {}
-    extra = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim if attention.get("qkv_bias") else 0
-    extra += 2 * m.head_dim if attention.get("qk_norm") else 0
+    table = 0 if m.tie_embeddings else m.vocab_size * m.embed_dim
+    extra = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim if m.attention.qkv_bias else 0
+    extra += 2 * m.head_dim if m.attention.qk_norm else 0
     return (matmul_params(m) + table + (2 * m.num_layers + 1) * m.embed_dim
             + rotation_params(m, num_axes) + m.num_layers * extra)  # fmt: skip
 
@@ -112,7 +109,7 @@ def remat_flops_per_token(config) -> int:
     without remat. Attention kernels that recompute scores in their backward (chunked,
     cuDNN flash) add up to 2 * L * T * N * H more, not counted here.
     """
-    if config.model.get("remat", "none") != "block":
+    if config.model.remat != "block":
         return 0
     return (
         2 * block_matmul_params(config.model)
@@ -127,7 +124,7 @@ def tokens_per_step(config) -> int:
 
 def token_budget(config) -> int:
     """`train.num_tokens` when set (> 0), else num_steps * B * T."""
-    num_tokens = int(config.train.get("num_tokens", 0) or 0)
+    num_tokens = int(config.train.num_tokens)
     return num_tokens or config.train.num_steps * tokens_per_step(config)
 
 
@@ -191,7 +188,7 @@ def summary_lines(config) -> list[str]:
     m, per_token, budget = config.model, flops_per_token(config), token_budget(config)
     p, attention = matmul_params(m), attention_flops_per_token(m, config.data.seq_len)
     n = num_params(m, data.kind(config.data).num_axes)
-    source = "train.num_tokens" if config.train.get("num_tokens", 0) else "steps x B x T"
+    source = "train.num_tokens" if config.train.num_tokens else "steps x B x T"
     b, t = config.data.global_batch_size, config.data.seq_len
     lines = [
         f"parameters {n:,}; in matmuls (P) {p:,}",
@@ -206,7 +203,7 @@ def summary_lines(config) -> list[str]:
     remat = remat_flops_per_token(config)
     if remat:
         hardware = per_token + remat
-        lines[-1] += (f"; hardware FLOPs with remat={m.get('remat')} {sci(hardware * budget)} "
+        lines[-1] += (f"; hardware FLOPs with remat={m.remat} {sci(hardware * budget)} "
                       f"(x{hardware / per_token:.3f}, not counted in MFU)")  # fmt: skip
     return [f"- {line}" for line in lines]
 
@@ -271,17 +268,11 @@ def format_duration(seconds: float) -> str:
 
 
 def load_config(spec: str):
-    """`path/to/config.py:arg` -> the module's `get_config(arg)` (no ml_collections flags)."""
+    """`path/to/config.py:arg` -> the module's `get_config(arg)`, every field filled."""
     path, _, arg = spec.partition(":")
-    if not os.path.isfile(path):
-        raise SystemExit(f"error: --config: no file {path!r}")
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)  # config modules import `configs.common`
-    module_spec = importlib.util.spec_from_file_location("cost_config", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
     try:
-        return module.get_config(arg) if arg else module.get_config()
+        module = defaults.load_module(path)
+        return defaults.fill(module.get_config(arg) if arg else module.get_config())
     except ValueError as e:
         raise SystemExit(f"error: --config={spec}: {e}") from None
 
@@ -362,10 +353,6 @@ def kept_notes(path: str) -> str:
 
 def _hours(hours: float) -> str:
     return f"{hours:,.0f}" if hours >= 10 else f"{hours:.2g}"
-
-
-def _patch_dim(model_cfg) -> int:
-    return int(model_cfg.get("patch_dim", 0) or 0)
 
 
 if __name__ == "__main__":

@@ -24,14 +24,13 @@ import os
 import re
 
 import jax
-import ml_collections
 import numpy as np
 from absl import logging
 from flax import nnx
 
-from rope_jax import data, sharding
+from rope_jax import data, defaults, sharding
 from rope_jax.data import passkey, sources
-from rope_jax.harness import checkpoint, console, distributed, feed, metrics, setup, steps
+from rope_jax.harness import checkpoint, checks, console, distributed, feed, metrics, setup, steps
 from rope_jax.harness import workdir as workdir_lib
 from rope_jax.nn import generate
 
@@ -160,13 +159,14 @@ def with_rope_scaling(config, scaling=None, max_position_embeddings=None):
         raise ValueError(
             f"--rope_scaling={scaling!r} must be a JSON object of rope_parameters keys"
         )
-    config = config.copy_and_resolve_references()
+    config = defaults.fill(config)  # a full, mutable copy
     with config.model.rope.ignore_type():
         if scaling is not None:
-            config.model.rope.scaling = ml_collections.ConfigDict(scaling)
+            rope = defaults.fill_model({"rope": {"scaling": scaling}}).rope
+            config.model.rope.scaling = rope.scaling
         if max_position_embeddings is not None:
             config.model.rope.max_position_embeddings = max_position_embeddings
-    return config
+    return checks.resolve(config)
 
 
 def parse_seq_lens(values) -> list[int]:
@@ -246,7 +246,7 @@ def evaluate_checkpoint(
     )
     seq_lens = parse_seq_lens(seq_lens) or [config.data.seq_len, *config.eval.seq_lens]
     split = split or config.data.eval_split
-    splits = list(config.eval.get("splits", ()) if splits is None else splits)
+    splits = list(config.eval.splits if splits is None else splits)
     num_batches = config.eval.num_batches if num_batches is None else num_batches
     settings = {"seq_lens": seq_lens, "split": split, "splits": splits,
                 "num_batches": num_batches, "rope_scaling": rope_scaling,
@@ -343,11 +343,11 @@ def without_corpus(config):
     vocabulary the saved tokenizer vouches for): data as the byte default."""
     if data.kind(config.data).name == "multimodal":
         return config
-    config = config.copy_and_resolve_references()
-    defaults = data.default_config()
+    config = defaults.fill(config)
+    byte_default = defaults.data()
     for key in ("name", "files", "tokenizer", "packing"):
-        config.data[key] = defaults[key]
-    return config
+        config.data[key] = byte_default[key]
+    return checks.resolve(config)
 
 
 def generate_text(

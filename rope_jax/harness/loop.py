@@ -54,7 +54,8 @@ class NonFiniteLoss(RuntimeError):
 
 
 def print_dry_run(config) -> dict:
-    config = transfer.prepare(config)  # init_from=hf:DIR: the checkpoint's architecture
+    # init_from=hf:DIR: the checkpoint's architecture; then filled, checked and frozen, once
+    config = checks.resolve(transfer.prepare(config))
     report = setup.dry_run(config)
     gib = 2.0**30
     print(f"parameters: {report['parameters']:,}  devices: {report['devices']}  "
@@ -120,7 +121,8 @@ def train_and_evaluate(config, workdir: str, *, fallback: bool = False,
         mean (`checkpoint.RESUME_FIELDS`) differs from config.json; the old config is
         kept as config.<step>.json.
     """
-    config = transfer.prepare(config)  # init_from=hf:DIR: the checkpoint's architecture
+    # init_from=hf:DIR: the checkpoint's architecture; then filled, checked and frozen, once
+    config = checks.resolve(transfer.prepare(config))
     console.say(_headline(config, workdir))
     lock = workdir_lib.Lock(workdir, enabled=jax.process_index() == 0)
     with lock, Interrupts() as stop:
@@ -140,11 +142,11 @@ def train_and_evaluate(config, workdir: str, *, fallback: bool = False,
 
 def _train(config, workdir, stop, fallback, allow_config_change):
     workdir_lib.check_writable(workdir)
-    checks.check_config(config)  # before the data is built or prepared
-    if config.train.get("init_from", ""):
+    if config.train.init_from:
         transfer.check(config.train.init_from)
     distributed.process_0_first(data.ensure_built, config.data)  # no concurrent builds
-    run = setup.build(config)  # model.vocab_size from the data's tokenizer
+    config = checks.settle_vocab(config)  # model.vocab_size from the data's tokenizer
+    run = setup.build(config)
     checkpoint.check_tokenizer(workdir, data.kind(config.data).tokenizer())
     changes = checkpoint.check_resume(workdir, config, allow_change=allow_config_change)
     train_iter = data.make_train_iterator(
@@ -154,13 +156,13 @@ def _train(config, workdir, stop, fallback, allow_config_change):
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     )
-    evaluate.check_splits(config, [config.data.eval_split, *config.eval.get("splits", ())])
+    evaluate.check_splits(config, [config.data.eval_split, *config.eval.splits])
     ckpt = checkpoint.Manager(workdir, keep=config.train.ckpt_keep)
     session = _Session(config, run, workdir, ckpt, stop, changes)
     try:
         with sharding.use_mesh(run.mesh, run.rules):
             state, start = _restore_or_init(
-                run, ckpt, train_iter, fallback, config.train.get("init_from", "")
+                run, ckpt, train_iter, fallback, config.train.init_from
             )
             if start:
                 session.begin(start)
@@ -400,7 +402,7 @@ def _last_good(ckpt, run) -> str:
 def _headline(config, workdir: str) -> str:
     """The first line: what runs, and where its outputs go."""
     m, d = config.model, config.data
-    source = d.files if d.get("files", "") else d.name
+    source = d.files or d.name
     sites = m.rope.sites or "none (NoPE)"
     return (f"training a {m.num_layers}-layer D={m.embed_dim} decoder (rotary sites "
             f"{sites}) on {source} for {config.train.num_steps} steps; outputs in "

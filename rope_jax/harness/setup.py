@@ -1,6 +1,6 @@
 """A run's pieces, built from a config before the first step, and what uses them.
 
-`build(config)` checks the config (`harness.checks`), then makes the mesh, the
+`build(config)` resolves the config (`harness.checks.resolve`), then makes the mesh, the
 optimiser, the abstract sharded state and the jitted steps, allocating nothing;
 `evaluate` scores parameters on a held-out split; `dry_run` sizes a config without
 allocating it.
@@ -37,12 +37,12 @@ class Setup(NamedTuple):
 
 
 def build(config, *, vocab_from_data: bool = True) -> Setup:
-    """Checks the config (and with `vocab_from_data` sets `model.vocab_size` from the
-    data's tokenizer: the data must be built or prepared), then builds mesh, optimiser,
-    abstract sharded state, steps."""
-    checks.check_config(config)
+    """Resolves the config (once: a resolved one passes through; with `vocab_from_data`
+    `model.vocab_size` follows the data's tokenizer, so the data must be built or
+    prepared), then builds mesh, optimiser, abstract sharded state, steps."""
+    config = checks.resolve(config)
     if vocab_from_data:
-        checks.resolve_vocab(config)
+        config = checks.settle_vocab(config)
     mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axes)
     checks.check_batch_fits_mesh(config, mesh)
     rules = sharding.axis_rules(config.mesh.logical_axis_rules)
@@ -57,8 +57,8 @@ def build(config, *, vocab_from_data: bool = True) -> Setup:
         steps.make_train_step(
             graphdef,
             tx,
-            microbatches=config.train.get("microbatches", 1),
-            z_loss=config.optim.get("z_loss", 0.0),
+            microbatches=config.train.microbatches,
+            z_loss=config.optim.z_loss,
         ),
         in_shardings=(shardings, batch_sharding),
         out_shardings=(shardings, None),
@@ -95,6 +95,7 @@ def dry_run(config) -> dict:
     FLOPs of the run (`harness.cost`: per token, and for the token budget); no arrays."""
     from rope_jax.harness import cost  # here: `python -m rope_jax.harness.cost` runs it as main
 
+    config = checks.resolve(config)
     run = build(config)
     extra = data.kind(config.data).batch_fields()
     batch = feed.abstract_batch(

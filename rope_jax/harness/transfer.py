@@ -20,7 +20,9 @@ data's tokenizer when `data.tokenizer` is "".
 from __future__ import annotations
 
 import jax
+import ml_collections
 
+from rope_jax import defaults
 from rope_jax.harness import checkpoint, setup
 
 HF_PREFIX = "hf:"  # init_from=hf:DIR, a Hugging Face model directory
@@ -32,8 +34,11 @@ class TransferError(ValueError):
 
 def prepare(config):
     """The run config to train: with `train.init_from=hf:DIR`, a copy holding DIR's
-    architecture (`rope_jax.hf.convert.adopt`); else `config` itself."""
-    spec = config.train.get("init_from", "")
+    architecture (`rope_jax.hf.convert.adopt`); else `config` itself (a resolved config
+    has been through here)."""
+    if isinstance(config, ml_collections.FrozenConfigDict):
+        return config
+    spec = defaults.fill(config).train.init_from
     if not spec.startswith(HF_PREFIX):
         return config
     from rope_jax.hf import convert  # only for hf: sources

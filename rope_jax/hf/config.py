@@ -28,6 +28,7 @@ import os
 
 import ml_collections
 
+from rope_jax import defaults
 from rope_jax import scaling as scaling_lib
 
 CONFIG_FILE = "config.json"
@@ -182,24 +183,10 @@ def rope_parameters(hf: dict, name: str, head_dim: int) -> tuple[float, dict]:
 
 def model_config(hf: dict, *, dtype: str = "float32", param_dtype: str = "float32"):
     """A complete `config.model` (ConfigDict) for the checkpoint: `model_fields` plus
-    plain choices (sites "qk", separate K/V, xla attention, no learned rotation)."""
+    the defaults' choices (`rope_jax.defaults`: sites "qk", separate K/V, xla attention,
+    no learned rotation)."""
     fields = model_fields(hf)
-    cfg = ml_collections.ConfigDict(
-        {
-            "dtype": dtype,
-            "param_dtype": param_dtype,
-            "patch_dim": 0,
-            "remat": "none",
-            "attention": {"kv": "separate", "impl": "xla"},
-            "rope": {
-                "sites": "qk",
-                "ladder": "standard",
-                "allocation": "interleaved",
-                "sections": (),
-                "learned": "none",
-            },  # fmt: skip
-        }
-    )
+    cfg = defaults.fill_model({"dtype": dtype, "param_dtype": param_dtype})
     set_fields(cfg, fields)
     return cfg
 
@@ -216,8 +203,7 @@ def set_fields(model_cfg, fields: dict) -> None:
             for part in parents:
                 node = node[part]
             node[leaf] = value
-        old = model_cfg.rope.get("scaling") or {}
-        new = {key: None for key in old}
+        new = {key: None for key in model_cfg.rope.scaling}
         new.update({k: tuple(v) if isinstance(v, list) else v for k, v in scaling.items()})
         model_cfg.rope.scaling = ml_collections.ConfigDict(new)
 
@@ -229,33 +215,31 @@ def check_exportable(model_cfg, *, num_axes: int = 1) -> None:
     """HFError naming the first setting of a model (`config.model`, with the data's
     number of position axes) that HF's Llama and Qwen classes cannot express; nothing
     when the model exports as one of them."""
-    from rope_jax.nn import model as model_lib
 
     m, rope = model_cfg, model_cfg.rope
-    scaling = rope.get("scaling") or {}
+    scaling = rope.scaling
     rules = [
-        ("model.attention.kv", model_lib.kv_mode(m), model_lib.kv_mode(m) == "separate",
+        ("model.attention.kv", m.attention.kv, m.attention.kv == "separate",
          "tied K/V has no HF class"),
         ("model.rope.sites", rope.sites, sorted(rope.sites) == ["k", "q"],
          "transformers rotates exactly q and k (sites v/o and NoPE have no HF class)"),
-        ("model.rope.learned", model_lib.learned_kind(m), model_lib.learned_kind(m) == "none",
+        ("model.rope.learned", m.rope.learned, m.rope.learned == "none",
          "learned rotations have no HF class"),
-        ("model.rope.nope_every", rope.get("nope_every", 0), not rope.get("nope_every", 0),
+        ("model.rope.nope_every", rope.nope_every, not rope.nope_every,
          "NoPE layers have no HF class"),
-        ("model.rope.global_every", rope.get("global_every", 0), not rope.get("global_every", 0),
+        ("model.rope.global_every", rope.global_every, not rope.global_every,
          "local/global bases per layer have no Llama/Qwen class"),
         ("model.rope.ladder", rope.ladder, rope.ladder == "standard",
          "transformers' ladder is base ** (-2i / H)"),
         ("data (position axes)", num_axes, num_axes == 1,
          "N-D (image/video) positions have no Llama/Qwen class"),
-        ("model.patch_dim", m.get("patch_dim", 0), not m.get("patch_dim", 0),
+        ("model.patch_dim", m.patch_dim, not m.patch_dim,
          "patch embeddings have no Llama/Qwen class"),
         ("model.attention.qkv_bias", True,
-         not (m.attention.get("qkv_bias") and m.attention.get("qk_norm")),
+         not (m.attention.qkv_bias and m.attention.qk_norm),
          "with qk_norm it needs Qwen3's attention_bias, which also biases o_proj"),
-        ("model.rope.scaling.partial_rotary_factor", scaling.get("partial_rotary_factor"),
-         scaling.get("partial_rotary_factor") in (None, 1.0)
-         or scaling.get("rope_type") == "proportional",
+        ("model.rope.scaling.partial_rotary_factor", scaling.partial_rotary_factor,
+         scaling.partial_rotary_factor in (None, 1.0) or scaling.rope_type == "proportional",
          "Llama/Qwen rotate the whole head unless rope_type='proportional'"),
     ]  # fmt: skip
     for field, value, ok, why in rules:
@@ -266,10 +250,9 @@ def check_exportable(model_cfg, *, num_axes: int = 1) -> None:
 def export_architecture(model_cfg) -> str:
     """The HF class a model exports as: Qwen3 with q/k norms, Qwen2 with q/k/v biases,
     else Llama."""
-    attention = model_cfg.get("attention") or {}
-    if attention.get("qk_norm"):
+    if model_cfg.attention.qk_norm:
         return "Qwen3ForCausalLM"
-    if attention.get("qkv_bias"):
+    if model_cfg.attention.qkv_bias:
         return "Qwen2ForCausalLM"
     return "LlamaForCausalLM"
 
@@ -277,11 +260,10 @@ def export_architecture(model_cfg) -> str:
 def to_hf(model_cfg, *, max_position_embeddings: int, dtype: str, special_ids=None) -> dict:
     """The config.json of `model_cfg` (a checked, exportable `config.model`), for
     transformers >= 5 (`rope_parameters`). `special_ids`: {bos, eos, pad}_token_id."""
-    from rope_jax.nn import model as model_lib
 
     name = export_architecture(model_cfg)
     rope = model_cfg.rope
-    scaling = {k: v for k, v in dict(rope.get("scaling") or {}).items() if v is not None}
+    scaling = {k: v for k, v in rope.scaling.items() if v is not None}
     scaling = scaling_lib.check_scaling(
         scaling or None,
         head_dim=model_cfg.head_dim,
@@ -301,8 +283,8 @@ def to_hf(model_cfg, *, max_position_embeddings: int, dtype: str, special_ids=No
         "head_dim": model_cfg.head_dim,
         "intermediate_size": model_cfg.mlp_dim,
         "hidden_act": "silu",
-        "rms_norm_eps": float(model_lib.norm_eps(model_cfg)),
-        "tie_word_embeddings": bool(model_lib.tie_embeddings(model_cfg)),
+        "rms_norm_eps": float(model_cfg.norm_eps),
+        "tie_word_embeddings": bool(model_cfg.tie_embeddings),
         "max_position_embeddings": int(max_position_embeddings),
         "rope_theta": float(rope.base),
         "rope_parameters": {"rope_theta": float(rope.base), **scaling},

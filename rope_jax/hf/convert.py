@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rope_jax import defaults
 from rope_jax.data import tokenizers
 from rope_jax.hf import config as hf_config
 from rope_jax.hf import weights
@@ -52,7 +53,7 @@ def read_params(directory: str, model_cfg=None) -> tuple[dict[str, np.ndarray], 
     if model_cfg is None:
         model_cfg = hf_config.model_config(hf_config.read(directory))
     shapes = param_shapes(model_cfg)
-    return weights.read(directory, shapes, tied=model_lib.tie_embeddings(model_cfg))
+    return weights.read(directory, shapes, tied=model_cfg.tie_embeddings)
 
 
 def load_tokenizer(directory: str) -> tokenizers.Tokenizer | None:
@@ -68,12 +69,12 @@ def adopt(config, directory: str, *, param_dtype: str | None = None):
     given, and DIR's tokenizer.json as `data.tokenizer` when that is "" (the model's
     ids). The run keeps its other model choices (sites, dtypes, attention kernel, ...)."""
     fields = hf_config.model_fields(hf_config.read(directory))
-    config = config.copy_and_resolve_references()
+    config = defaults.fill(config)  # a full, mutable copy
     hf_config.set_fields(config.model, fields)
     if param_dtype is not None:
         config.model.param_dtype = param_dtype
     tokenizer = os.path.abspath(os.path.join(directory, TOKENIZER_FILE))
-    if not config.data.get("tokenizer", "") and os.path.isfile(tokenizer):
+    if not config.data.tokenizer and os.path.isfile(tokenizer):
         config.data.tokenizer = tokenizer
     return config
 
@@ -107,9 +108,9 @@ def flat_params(params) -> dict[str, np.ndarray]:
 def rotated_dims(model_cfg) -> int:
     """The head numbers the rotation pairs live in: H, or int(H * partial_rotary_factor)
     (the whole head for `proportional`, which zeroes the other pairs' frequencies)."""
-    scaling = model_cfg.rope.get("scaling") or {}
-    partial = scaling.get("partial_rotary_factor") or 1.0
-    if scaling.get("rope_type") == "proportional":
+    scaling = model_cfg.rope.scaling
+    partial = scaling.partial_rotary_factor or 1.0
+    if scaling.rope_type == "proportional":
         return model_cfg.head_dim
     return int(model_cfg.head_dim * partial)
 

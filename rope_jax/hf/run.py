@@ -33,13 +33,13 @@ def import_run(directory: str, workdir: str, config) -> str:
     config.train.init_from = spec
     if os.path.isfile(os.path.join(workdir, checkpoint.CONFIG_FILE)):
         saved = checkpoint.load_config(workdir)
-        if saved.train.get("init_from", "") != spec:
+        if saved.train.init_from != spec:
             raise hf_config.HFError(
                 f"{workdir!r} holds another run (its train.init_from is "
-                f"{saved.train.get('init_from', '')!r}): use a new --workdir for {directory}"
+                f"{saved.train.init_from!r}): use a new --workdir for {directory}"
             )
         return f"{workdir} holds {directory} already (imported at step 0)"
-    checks.check_config(config)
+    config = checks.resolve(config)
     arrays = convert.read_params(directory, config.model)[0]  # every check before a build
     tokenizer = convert.load_tokenizer(directory)
     run = setup.build(without_corpus(config), vocab_from_data=False)
@@ -76,7 +76,7 @@ def export_run(workdir: str, out: str, *, step: int | None = None, overwrite: bo
         out,
         state["params"],
         config.model,
-        max_position_embeddings=rope.get("max_position_embeddings") or config.data.seq_len,
+        max_position_embeddings=rope.max_position_embeddings or config.data.seq_len,
         tokenizer=checkpoint.load_tokenizer(workdir),
         num_axes=num_axes,
     )

@@ -37,9 +37,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 from flax import nnx
 
-from rope_jax import layouts, learned, rotary, sharding
+from rope_jax import defaults, layouts, learned, rotary, sharding
 from rope_jax.nn import kernels
 from rope_jax.nn.attention import Attention, check_kv, check_sites
 from rope_jax.nn.layers import MLP, RMSNorm, dense_param
@@ -66,8 +67,10 @@ def check_config(cfg, num_axes: int = 1, *, train_seq_len: int | None = None) ->
 
     `num_axes` is the data's number of position axes (the rotation sections need one
     entry per axis); `train_seq_len` the training length (the default of
-    `model.rope.max_position_embeddings`).
+    `model.rope.max_position_embeddings`). A partial section is checked as filled from
+    `rope_jax.defaults`.
     """
+    cfg = defaults.fill_model(cfg)
     for field in (*_SIZES, "mlp_dim"):
         value = cfg[field]
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -82,32 +85,26 @@ def check_config(cfg, num_axes: int = 1, *, train_seq_len: int | None = None) ->
         )
     _choice("dtype", cfg.dtype, DTYPES)
     _choice("param_dtype", cfg.param_dtype, DTYPES)
-    _choice("remat", cfg.get("remat", "none"), REMAT)
-    eps = norm_eps(cfg)
+    _choice("remat", cfg.remat, REMAT)
+    eps = cfg.norm_eps
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
         _fail("norm_eps", eps, "must be a number in (0, 1) (the RMSNorm epsilon)")
-    for field, value in (("tie_embeddings", tie_embeddings(cfg)),
-                         ("attention.qkv_bias", _attention(cfg, "qkv_bias", False)),
-                         ("attention.qk_norm", _attention(cfg, "qk_norm", False))):  # fmt: skip
+    for field, value in (("tie_embeddings", cfg.tie_embeddings),
+                         ("attention.qkv_bias", cfg.attention.qkv_bias),
+                         ("attention.qk_norm", cfg.attention.qk_norm)):  # fmt: skip
         if not isinstance(value, bool):
             _fail(field, value, "must be True or False")
-        if value and field.startswith("attention.") and kv_mode(cfg) != "separate":
-            _fail(field, value, f"needs model.attention.kv='separate' (got {kv_mode(cfg)!r})")
-    patch_dim = cfg.get("patch_dim", 0) or 0
+        if value and field.startswith("attention.") and cfg.attention.kv != "separate":
+            _fail(field, value, f"needs model.attention.kv='separate' (got {cfg.attention.kv!r})")
+    patch_dim = cfg.patch_dim
     if not isinstance(patch_dim, int) or patch_dim < 0:
         _fail("patch_dim", patch_dim, "must be a non-negative integer (0 = text only)")
     check_sites(cfg.rope.sites, field="model.rope.sites")
-    kernels.check_impl(attention_impl(cfg), field="model.attention.impl")
-    check_kv(
-        kv_mode(cfg), cfg.rope.sites, kv_field="model.attention.kv", sites_field="model.rope.sites"
-    )
+    kernels.check_impl(cfg.attention.impl, field="model.attention.impl")
+    check_kv(cfg.attention.kv, cfg.rope.sites, kv_field="model.attention.kv",
+             sites_field="model.rope.sites")  # fmt: skip
     layer_rotations(cfg, num_axes, train_seq_len=train_seq_len)
     _check_learned(cfg, rotation(cfg, num_axes, train_seq_len=train_seq_len))
-
-
-def learned_kind(cfg) -> str:
-    """`model.rope.learned`; "none" (the fixed rotation) when the config predates the field."""
-    return cfg.rope.get("learned", "none")
 
 
 def _check_learned(cfg, spec: rotary.RopeSpec) -> None:
@@ -116,7 +113,7 @@ def _check_learned(cfg, spec: rotary.RopeSpec) -> None:
     rescales fixed frequencies by the training length; learned ones move by themselves).
     NoPE and local layers are fine: the first train nothing, the second start from their
     own base."""
-    kind = learned_kind(cfg)
+    kind = cfg.rope.learned
     _choice("rope.learned", kind, learned.KINDS)
     if kind == "none":
         return
@@ -143,12 +140,14 @@ def rotation(cfg, num_axes: int = 1, *, train_seq_len: int | None = None) -> rot
     the config field (`model.rope.<field>`, `model.rope.scaling.<key>`).
     """
     _check_num_axes(num_axes)
-    max_pos = cfg.rope.get("max_position_embeddings")
+    max_pos = cfg.rope.max_position_embeddings
     _check_length("model.rope.max_position_embeddings", max_pos, " (None = the training length)")
     _check_length("train_seq_len", train_seq_len, " (the training data.seq_len)")
     max_pos = max_pos or train_seq_len
     try:
-        spec = rotary.RopeSpec.of(cfg.rope, max_position_embeddings=max_pos)
+        # the rotation's own keys; the others say where, in which layer, whether trained
+        rope = {k: v for k, v in cfg.rope.items() if k in rotary.SPEC_FIELDS}
+        spec = rotary.RopeSpec.of(rope, max_position_embeddings=max_pos)
         _check_spec(spec, cfg.head_dim, num_axes)
     except ValueError as e:
         raise ValueError("model.rope." + _SCALING_KEY.sub(r"scaling.\1", str(e))) from None
@@ -174,8 +173,7 @@ def layer_rotations(
     else `rotation(cfg)`. Errors name the field.
     """
     rope = cfg.rope
-    nope_every, global_every = rope.get("nope_every", 0), rope.get("global_every", 0)
-    local_base = rope.get("local_base")
+    nope_every, global_every, local_base = rope.nope_every, rope.global_every, rope.local_base
     _check_every("rope.nope_every", nope_every, "layers k-1, 2k-1, ... rotate nothing")
     _check_every("rope.global_every", global_every, "layers g-1, 2g-1, ... use model.rope.base")
     if local_base is not None and (
@@ -230,36 +228,9 @@ def _check_num_axes(num_axes) -> None:
         )
 
 
-def kv_mode(cfg) -> str:
-    """`model.attention.kv`; "separate" when the config predates the field."""
-    return _attention(cfg, "kv", "separate")
-
-
-def _attention(cfg, field: str, default):
-    """`model.attention.<field>`, or `default` when the config predates it."""
-    attention = cfg.get("attention") or {}
-    return attention.get(field, default)
-
-
-def norm_eps(cfg) -> float:
-    """`model.norm_eps`, the RMSNorm epsilon; 1e-6 when the config predates the field."""
-    return cfg.get("norm_eps", 1e-6)
-
-
-def tie_embeddings(cfg) -> bool:
-    """`model.tie_embeddings`: the LM head is the embedding table; False when absent."""
-    return cfg.get("tie_embeddings", False)
-
-
-def attention_impl(cfg) -> str:
-    """`model.attention.impl`, the softmax-attention kernel; "xla" when the config predates it."""
-    attention = cfg.get("attention") or {}
-    return attention.get("impl", "xla")
-
-
 def kv_cache_bytes_per_token(cfg) -> int:
     """Decoding cache per token: layers x K x H x (2 separate k, v | 1 tied c) x dtype bytes."""
-    per_head = 1 if kv_mode(cfg) == "tied" else 2
+    per_head = 1 if cfg.attention.kv == "tied" else 2
     itemsize = jnp.dtype(DTYPES[cfg.dtype]).itemsize  # the cache holds compute-dtype arrays
     return cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * per_head * itemsize
 
@@ -272,7 +243,7 @@ class Block(nnx.Module):
         `num_axes`: the position axes A (the shape of learned frequencies)."""
         dtype, param_dtype = DTYPES[cfg.dtype], DTYPES[cfg.param_dtype]
         out_scale = 1.0 / math.sqrt(2 * cfg.num_layers)  # residual branches (GPT-2 style)
-        norm = dict(eps=norm_eps(cfg), dtype=dtype, param_dtype=param_dtype)
+        norm = dict(eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
         self.attn_norm = RMSNorm(cfg.embed_dim, **norm)
         self.attn = Attention(
             cfg.embed_dim,
@@ -282,13 +253,13 @@ class Block(nnx.Module):
             sites=cfg.rope.sites,
             rope=rope,
             nope=rope is None,
-            learned=learned_kind(cfg),
+            learned=cfg.rope.learned,
             num_axes=num_axes,
-            kv=kv_mode(cfg),
-            impl=attention_impl(cfg),
-            qkv_bias=_attention(cfg, "qkv_bias", False),
-            qk_norm=_attention(cfg, "qk_norm", False),
-            norm_eps=norm_eps(cfg),
+            kv=cfg.attention.kv,
+            impl=cfg.attention.impl,
+            qkv_bias=cfg.attention.qkv_bias,
+            qk_norm=cfg.attention.qk_norm,
+            norm_eps=cfg.norm_eps,
             dtype=dtype,
             param_dtype=param_dtype,
             out_scale=out_scale,
@@ -323,14 +294,17 @@ class Decoder(nnx.Module):
 
     `num_axes` is A, the number of position axes of the data (1 text, 2 image, 3 video);
     `train_seq_len` the training length, the default of `model.rope.max_position_embeddings`.
+    `cfg` is `config.model`: a resolved (frozen) section as it is, any other (a dict or
+    ConfigDict, any subset of the fields) filled from `rope_jax.defaults` and checked.
     """
 
     def __init__(self, cfg, *, num_axes: int = 1, train_seq_len: int | None = None, rngs: nnx.Rngs):
-        check_config(cfg, num_axes, train_seq_len=train_seq_len)
+        if not isinstance(cfg, ml_collections.FrozenConfigDict):  # frozen = resolved: checked
+            cfg = defaults.fill_model(cfg)
+            check_config(cfg, num_axes, train_seq_len=train_seq_len)
         ropes = layer_rotations(cfg, num_axes, train_seq_len=train_seq_len)  # checked once
         self.num_axes = num_axes
-        self.remat = cfg.get("remat", "none")
-        self.patch_dim = cfg.get("patch_dim", 0) or 0
+        self.remat, self.patch_dim = cfg.remat, cfg.patch_dim
         self.dtype, param_dtype = DTYPES[cfg.dtype], DTYPES[cfg.param_dtype]
         d, v = cfg.embed_dim, cfg.vocab_size
         self.embed = nnx.Param(
@@ -351,10 +325,10 @@ class Decoder(nnx.Module):
             else None
         )
         self.blocks = nnx.List([Block(cfg, rope, num_axes=num_axes, rngs=rngs) for rope in ropes])
-        self.norm = RMSNorm(d, eps=norm_eps(cfg), dtype=self.dtype, param_dtype=param_dtype)
+        self.norm = RMSNorm(d, eps=cfg.norm_eps, dtype=self.dtype, param_dtype=param_dtype)
         self.head = (
             None
-            if tie_embeddings(cfg)
+            if cfg.tie_embeddings
             else dense_param(rngs, (d, v), ("embed", "vocab"), dtype=param_dtype, fan_in=d)
         )
 
