@@ -340,7 +340,7 @@ def _time_train(config, *, warmup: int, steps: int) -> dict:
     from bench_shapes import synthetic_batch
 
     from rope_jax import harness, sharding
-    from rope_jax.harness import cost
+    from rope_jax.harness import flops
 
     run = harness.build(config, vocab_from_data=False)
     b, t = config.data.global_batch_size, config.data.seq_len
@@ -367,9 +367,9 @@ def _time_train(config, *, warmup: int, steps: int) -> dict:
         step_s=step_s,
         tokens_per_s=b * t / step_s,
         compile_s=compile_s,
-        flops_per_token=cost.flops_per_token(config),
-        remat_flops_per_token=cost.remat_flops_per_token(config),
-        params=cost.num_params(config.model),
+        flops_per_token=flops.flops_per_token(config),
+        remat_flops_per_token=flops.remat_flops_per_token(config),
+        params=flops.num_params(config.model),
         first_loss=losses[0],
         last_loss=losses[-1],
         peak_bytes=stats.get("peak_bytes_in_use"),
@@ -521,7 +521,7 @@ def rung(ctx: Context) -> None:
     import jax
 
     from configs import lm
-    from rope_jax.harness import cost
+    from rope_jax.harness import flops
 
     r = ctx.result
     r.update(_jax_facts())
@@ -544,8 +544,8 @@ def rung(ctx: Context) -> None:
         r["steps"] = int(max(min(budget / step_s, most), 2 if ctx.smoke else 50))
         r["probe"] = dict(step_s=step_s, compile_s=m["compile_s"])
         config = _rung_config(shape, "qk", meta["vocab_size"], r["steps"], impl)
-        r["params"] = cost.num_params(config.model)
-        r["block_params"] = cost.block_matmul_params(config.model)
+        r["params"] = flops.num_params(config.model)
+        r["block_params"] = flops.block_matmul_params(config.model)
         r["tokens_per_run"] = r["steps"] * b * t
         ctx.save()
         _log(f"rung: {r['steps']} steps per row ({r['tokens_per_run']:,} tokens), "

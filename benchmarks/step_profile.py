@@ -200,7 +200,7 @@ def main(argv=None) -> int:
     try:
         sets = parse_sets(args.set, config)
         plan.apply(config, sets, "--set")  # unknown fields and wrong types: one line
-        harness.check_config(config)
+        config = harness.resolve(config)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

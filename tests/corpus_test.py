@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import rope_jax.data.prepare as prep
+import rope_jax.data.preparation as prep
 from configs import lm
 from rope_jax import data
 from rope_jax.data import packing, prepared, shards, tokenizers
-from rope_jax.harness import checkpoint, checks, setup
+from rope_jax.harness import checkpoint, checks, runfiles, setup
 from rope_jax.nn import model as model_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -112,12 +112,12 @@ def test_a_tokenizer_file_that_does_not_load_fails_before_preparing(corpus, tmp_
 def test_checkpoints_refuse_data_with_another_tokenizer(data_root, tmp_path):
     workdir = str(tmp_path)
     bpe = data.kind(_config(data_root, "bpe").data).tokenizer()
-    checkpoint.save_tokenizer(workdir, bpe)
-    (tmp_path / checkpoint.CONFIG_FILE).write_text("{}")
-    checkpoint.check_tokenizer(workdir, bpe)
-    assert checkpoint.load_tokenizer(workdir).name == bpe.name
+    runfiles.save_tokenizer(workdir, bpe)
+    (tmp_path / runfiles.CONFIG_FILE).write_text("{}")
+    runfiles.check_tokenizer(workdir, bpe)
+    assert runfiles.load_tokenizer(workdir).name == bpe.name
     with pytest.raises(checkpoint.CheckpointError, match=r"trained with tokenizer bpe400-.* bytes"):
-        checkpoint.check_tokenizer(workdir, tokenizers.ByteTokenizer())
+        runfiles.check_tokenizer(workdir, tokenizers.ByteTokenizer())
 
 
 def test_missing_split_and_unprepared_dataset_are_one_line(data_root, tmp_path):
@@ -252,8 +252,8 @@ def test_train_and_eval_on_a_prepared_bpe_corpus_report_bits_per_byte(data_root,
              "--config.eval.batch_size=4", "--config.eval.num_batches=0"]  # fmt: skip
     proc = _run("train.py", "--config=configs/lm.py:size=tiny", f"--workdir={workdir}", *flags)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    saved = checkpoint.load_config(workdir)
-    tok = checkpoint.load_tokenizer(workdir)
+    saved = runfiles.load_config(workdir)
+    tok = runfiles.load_tokenizer(workdir)
     assert saved.model.vocab_size == tok.vocab_size and tok.name.startswith("bpe400-")
     final = [r for r in _records(workdir) if "eval/bits_per_byte" in r][-1]
     path = os.path.join(data_root, "bpe")
@@ -285,7 +285,7 @@ def test_a_raw_corpus_with_a_tokenizer_is_prepared_once_then_trained(corpus, tmp
     first = _run("train.py", f"--workdir={tmp_path / 'a'}", *flags)
     assert first.returncode == 0, first.stderr[-2000:]
     assert "prepare: wrote" in first.stderr
-    saved = checkpoint.load_config(str(tmp_path / "a"))
+    saved = runfiles.load_config(str(tmp_path / "a"))
     assert saved.data.tokenizer == "train:300" and saved.model.vocab_size <= 300
     path = data.kind(saved.data).path  # the same config finds it complete: nothing redone
     stamp = os.path.getmtime(os.path.join(path, shards.METADATA))

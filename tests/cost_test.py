@@ -10,7 +10,7 @@ from flax import nnx
 
 from configs import lm
 from rope_jax import learned
-from rope_jax.harness import cost
+from rope_jax.harness import cost, flops
 from rope_jax.nn import model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -20,14 +20,14 @@ def test_tiny_flops_match_a_hand_count():
     config = lm.get_config("size=tiny")  # L 2, D 128, N 4, K 2, H 32, F 384, V 259, T 128
     # per layer: q 128*4*32 = 16,384, o 16,384, k + v 2*128*2*32 = 16,384,
     # SwiGLU 3*128*384 = 147,456 -> 196,608; 2 layers 393,216; head 128*259 = 33,152.
-    assert cost.matmul_params(config.model) == 393_216 + 33_152 == 426_368
+    assert flops.matmul_params(config.model) == 393_216 + 33_152 == 426_368
     # + embedding 259*128 = 33,152 + norm scales (2*2 + 1)*128 = 640
-    assert cost.num_params(config.model) == 426_368 + 33_152 + 640 == 460_160
+    assert flops.num_params(config.model) == 426_368 + 33_152 + 640 == 460_160
     # 6 * 426,368 + 12 * 2 * 128 * 4 * 32
-    assert cost.flops_per_token(config) == 2_558_208 + 393_216 == 2_951_424
-    assert cost.remat_flops_per_token(config) == 0  # remat=none
-    assert cost.token_budget(config) == 500 * 16 * 128  # num_steps x B x T
-    assert cost.total_flops(config) == 2_951_424 * 1_024_000
+    assert flops.flops_per_token(config) == 2_558_208 + 393_216 == 2_951_424
+    assert flops.remat_flops_per_token(config) == 0  # remat=none
+    assert flops.token_budget(config) == 500 * 16 * 128  # num_steps x B x T
+    assert flops.total_flops(config) == 2_951_424 * 1_024_000
 
 
 def test_1b_flops_match_a_hand_count():
@@ -35,25 +35,25 @@ def test_1b_flops_match_a_hand_count():
     # per layer: q 2048*32*64 = 4,194,304, o 4,194,304, k + v 2*2048*8*64 = 2,097,152,
     # SwiGLU 3*2048*8192 = 50,331,648 -> 60,817,408; 16 layers 973,078,528;
     # head 2048*259 = 530,432.
-    assert cost.block_matmul_params(config.model) == 973_078_528
-    assert cost.matmul_params(config.model) == 973_608_960
-    assert cost.num_params(config.model) == 974_206_976  # the README's dry-run count
+    assert flops.block_matmul_params(config.model) == 973_078_528
+    assert flops.matmul_params(config.model) == 973_608_960
+    assert flops.num_params(config.model) == 974_206_976  # the README's dry-run count
     attention = 12 * 16 * 2048 * 32 * 64
     assert attention == 805_306_368
-    assert cost.flops_per_token(config) == 6 * 973_608_960 + attention == 6_646_960_128
+    assert flops.flops_per_token(config) == 6 * 973_608_960 + attention == 6_646_960_128
     # remat=block recomputes the blocks' forward: 2 * 973,078,528 + 4 * 16 * 2048 * 2048
-    assert cost.remat_flops_per_token(config) == 1_946_157_056 + 268_435_456
-    ratio = 1 + cost.remat_flops_per_token(config) / cost.flops_per_token(config)
+    assert flops.remat_flops_per_token(config) == 1_946_157_056 + 268_435_456
+    ratio = 1 + flops.remat_flops_per_token(config) / flops.flops_per_token(config)
     assert ratio == pytest.approx(1.333, abs=1e-3)
 
 
 def test_num_tokens_overrides_steps_times_batch_times_seq_len():
     config = lm.get_config("size=1b")
-    assert cost.token_budget(config) == 500 * 256 * 2048
+    assert flops.token_budget(config) == 500 * 256 * 2048
     config.train.num_tokens = 20_000_000_000
-    assert cost.token_budget(config) == 20_000_000_000
-    assert cost.total_flops(config) == 6_646_960_128 * 20_000_000_000
-    assert cost.steps_for_budget(config) == math.ceil(20e9 / (256 * 2048)) == 38_147
+    assert flops.token_budget(config) == 20_000_000_000
+    assert flops.total_flops(config) == 6_646_960_128 * 20_000_000_000
+    assert flops.steps_for_budget(config) == math.ceil(20e9 / (256 * 2048)) == 38_147
 
 
 TIED = {"model.attention.kv": "tied", "model.rope.sites": "qkvo"}
@@ -77,14 +77,14 @@ def test_matmul_params_are_the_models_matrices_but_the_embedding(overrides, num_
     matrices = sum(math.prod(s) for path, s in shapes.items()
                    if len(s) >= 2 and path != ("embed",) and path not in rotation)  # fmt: skip
     assert bool(rotation) == (config.model.rope.learned != "none")
-    assert cost.matmul_params(config.model) == matrices
-    assert cost.num_params(config.model, num_axes) == sum(math.prod(s) for s in shapes.values())
+    assert flops.matmul_params(config.model) == matrices
+    assert flops.num_params(config.model, num_axes) == sum(math.prod(s) for s in shapes.values())
 
 
 def test_wall_time_arithmetic():
     # 1e18 FLOPs on 8 devices of 1e15 FLOP/s at 50% MFU: 1e18 / 4e15 = 250 s
-    assert cost.wall_seconds(1e18, 8, 1e15, 0.5) == pytest.approx(250.0)
-    assert cost.measured_mfu(1e4, 1e10, 2, 1e15) == pytest.approx(0.05)
+    assert flops.wall_seconds(1e18, 8, 1e15, 0.5) == pytest.approx(250.0)
+    assert flops.measured_mfu(1e4, 1e10, 2, 1e15) == pytest.approx(0.05)
     assert [cost.format_duration(s) for s in (9.5, 250, 7199, 7200, 48 * 3600)] == [
         "9.5 s", "4 min", "120 min", "2.0 h", "48 h (2.0 d)"]  # fmt: skip
     assert [cost.format_count(n) for n in (20e9, 5.5e9, 2e6, 1500, 12)] == [

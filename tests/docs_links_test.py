@@ -40,7 +40,7 @@ def test_every_relative_link_and_anchor_resolves(page):
 
 
 def test_the_front_page_stays_short():
-    assert len(open(os.path.join(ROOT, "README.md")).read().splitlines()) <= 280
+    assert len(open(os.path.join(ROOT, "README.md")).read().splitlines()) <= 250
 
 
 def test_every_command_on_every_page_names_a_module_or_script_that_exists():

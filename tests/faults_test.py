@@ -29,7 +29,7 @@ from jax.experimental.compilation_cache import compilation_cache
 import eval as eval_lib
 import train
 from rope_jax import data, harness
-from rope_jax.harness import checkpoint, metrics
+from rope_jax.harness import checkpoint, metrics, runfiles
 from rope_jax.harness import workdir as workdir_lib
 from tests.train_test import tiny
 
@@ -87,7 +87,7 @@ def saved(data_dir, cache_env, tmp_path_factory):
     for step in (10, 20):
         mngr.save(step, state, {"data": position, "step": step})
     mngr.close()
-    checkpoint.save_config(workdir, config)
+    runfiles.save_config(workdir, config)
     return workdir
 
 
@@ -860,7 +860,7 @@ def _prepare_cmd(source, data_dir, *extra) -> list[str]:
 def test_a_full_disk_while_preparing_is_one_line_and_the_same_command_resumes(
     tmp_path, mounts, monkeypatch
 ):
-    from rope_jax.data import prepare
+    from rope_jax.data import preparation as prepare
 
     source = _text_corpus(tmp_path / "corpus")  # ~1 MB of text: 5 train shards of ~100 KiB
     disk = mounts.tmpfs_or_skip(tmp_path / "disk", 256 << 10)

@@ -24,7 +24,7 @@ from safetensors.numpy import save_file
 
 from configs import common, lm
 from rope_jax import harness, hf
-from rope_jax.harness import checkpoint, metrics
+from rope_jax.harness import checksums, metrics, runfiles
 from rope_jax.hf import config as hf_config
 from rope_jax.hf import convert, weights
 from rope_jax.nn import generate
@@ -358,7 +358,7 @@ def test_bad_input_is_one_line(case, tmp_path):
 def test_export_of_a_run_hf_cannot_express_is_one_line(tmp_path):
     config = lm.get_config("row=vo")
     os.makedirs(tmp_path / "run")
-    checkpoint.save_config(str(tmp_path / "run"), config)
+    runfiles.save_config(str(tmp_path / "run"), config)
     code, _, err = run_cli("-m", "rope_jax.hf", "export", f"--workdir={tmp_path / 'run'}",
                            f"--out={tmp_path / 'out'}")  # fmt: skip
     assert code == 1
@@ -393,11 +393,11 @@ def test_a_run_trains_from_an_hf_checkpoint_and_exports_back(data_dir, tmp_path)
                                     "optim.warmup_steps": 1})  # fmt: skip
     workdir = str(tmp_path / "run")
     harness.train_and_evaluate(config, workdir)
-    saved = checkpoint.load_config(workdir)
+    saved = runfiles.load_config(workdir)
     assert (saved.model.embed_dim, saved.model.head_dim, saved.model.vocab_size) == (48, 16, 288)
     assert saved.model.norm_eps == 1e-5 and saved.model.rope.scaling.rope_type == "llama3"
     assert saved.data.tokenizer == os.path.join(directory, "tokenizer.json")
-    assert checkpoint.load_tokenizer(workdir).vocab_size == 288
+    assert runfiles.load_tokenizer(workdir).vocab_size == 288
     losses = [r["loss"] for r in metrics.read_jsonl(workdir) if "loss" in r]
     assert len(losses) == 2 and all(np.isfinite(losses))
     from rope_jax.harness import transfer  # the trained weights start at the HF ones
@@ -419,7 +419,7 @@ def test_a_run_trains_from_an_hf_checkpoint_and_exports_back(data_dir, tmp_path)
 
 
 def _named(tree) -> dict:
-    return {checkpoint.leaf_name(p): x for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+    return {checksums.leaf_name(p): x for p, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 
 def _no_corpus(config):

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-import rope_jax.data.prepare as prep
+import rope_jax.data.preparation as prep
 from rope_jax import data
 from rope_jax.data import corpora, shards, tokenizer, tokenizers
 

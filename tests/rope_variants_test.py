@@ -20,7 +20,7 @@ from flax import nnx
 
 from configs import common
 from rope_jax import rotary, scaling
-from rope_jax.harness import checkpoint
+from rope_jax.harness import runfiles
 from rope_jax.nn import attention
 from rope_jax.nn import model as model_lib
 
@@ -416,8 +416,8 @@ def test_a_saved_scaled_config_loads_and_builds_the_same_model(tmp_path):
             "rope.scaling.factor": 2.0,
         }  # fmt: skip
     )
-    checkpoint.save_config(str(tmp_path), config)
-    loaded = checkpoint.load_config(str(tmp_path))
+    runfiles.save_config(str(tmp_path), config)
+    loaded = runfiles.load_config(str(tmp_path))
     assert (
         json.loads((tmp_path / "config.json").read_text())["model"]["rope"]["scaling"]["factor"]
         == 2.0

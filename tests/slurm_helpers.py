@@ -9,7 +9,7 @@ import time
 import jax
 
 from rope_jax import harness
-from rope_jax.harness import checkpoint
+from rope_jax.harness import checkpoint, runfiles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB_NAME = "rope_jax_slurm_test"  # the srun steps of the tests; cancelled after the module
@@ -43,7 +43,7 @@ def run_env(cache: str, devices: int) -> dict:
 
 def final_params(workdir: str):
     """(step, parameter arrays) of the newest checkpoint, restored in this process."""
-    config = checkpoint.load_config(workdir)
+    config = runfiles.load_config(workdir)
     run_ = harness.build(config)
     mngr = checkpoint.Manager(workdir, read_only=True)
     try:

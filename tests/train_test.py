@@ -16,7 +16,7 @@ import eval as eval_lib
 import train
 from configs import lm
 from rope_jax import harness
-from rope_jax.harness import checkpoint, metrics
+from rope_jax.harness import checkpoint, metrics, resume
 
 pytestmark = pytest.mark.slow  # end-to-end training runs
 
@@ -157,10 +157,10 @@ def test_configs_saved_before_the_attention_field_still_match(data_dir):
     config = tiny(data_dir)
     old = config.copy_and_resolve_references()
     del old.model["attention"]
-    checkpoint.check_same_model(old, config, where="config.json")  # kv defaults to separate
+    resume.check_same_model(old, config, where="config.json")  # kv defaults to separate
     tied = tiny(data_dir, **{"model.attention.kv": "tied", "model.rope.sites": "qkvo"})
     with pytest.raises(checkpoint.CheckpointError, match="model.attention"):
-        checkpoint.check_same_model(old, tied, where="config.json")
+        resume.check_same_model(old, tied, where="config.json")
 
 
 def test_generate_from_a_tied_checkpoint_in_process_and_on_the_command_line(data_dir, tmp_path):

@@ -7,7 +7,7 @@ import pytest
 
 from configs import lm, multimodal
 from rope_jax import harness, sharding
-from rope_jax.harness import checkpoint, metrics, transfer
+from rope_jax.harness import checksums, metrics, transfer
 
 SMALL = {"model.num_layers": 1, "model.embed_dim": 32, "model.num_heads": 2,
          "model.num_kv_heads": 1, "model.head_dim": 16, "model.mlp_dim": 64,
@@ -50,7 +50,7 @@ def test_a_digit_grid_run_starts_from_a_text_model(data_dir, tmp_path):
     assert line.startswith(f"init_from {tmp_path / 'text'} (step 2): loaded ")
     assert "fresh: " in line and "patch" in line  # the patch embedding is new
     source = transfer.source_params(str(tmp_path / "text"))[1]
-    names = lambda tree: {checkpoint.leaf_name(p): x
+    names = lambda tree: {checksums.leaf_name(p): x
                           for p, x in jax.tree_util.tree_leaves_with_path(tree)}  # fmt: skip
     src, got, new = names(source), names(state["params"]), names(fresh["params"])
     assert set(src) < set(got)

@@ -22,9 +22,11 @@ Everything else (the harness, the iterators, preparation) asks the kind object.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import re
 
+import ml_collections
 import numpy as np
 
 from rope_jax import layouts
@@ -159,7 +161,7 @@ class Multimodal:
 
     def eval_iterator(self, *, split, batch_size, seq_len, num_batches, shard):
         seq_len = _positive_int(seq_len or multimodal.eval_seq_len(self.config), "seq_len")
-        config = self.config.copy_and_resolve_references()
+        config = ml_collections.ConfigDict(self.config.to_dict())  # a mutable copy
         config.seq_len = seq_len
         num_examples = (
             _positive_int(num_batches, "num_batches") * batch_size if num_batches else 512
@@ -171,7 +173,19 @@ class Multimodal:
 
 def kind(data_config) -> Text | Prepared | Multimodal:
     """The kind of data `config.data` names: a multimodal family, a prepared corpus (named,
-    or a raw one with a `data.tokenizer`), or else raw byte-level text."""
+    or a raw one with a `data.tokenizer`), or else raw byte-level text. Decided once per
+    resolved (frozen) config: its file-system probe is not repeated."""
+    if isinstance(data_config, ml_collections.FrozenConfigDict):
+        return _kind_of_resolved(data_config)
+    return _kind(data_config)
+
+
+@functools.lru_cache(maxsize=16)
+def _kind_of_resolved(data_config) -> Text | Prepared | Multimodal:
+    return _kind(data_config)
+
+
+def _kind(data_config) -> Text | Prepared | Multimodal:
     if data_config.name in multimodal.FAMILIES and not data_config.files:
         if prepared.tokenizer_spec(data_config) not in ("", "bytes"):
             raise ValueError(

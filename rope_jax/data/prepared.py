@@ -93,7 +93,7 @@ def _shipped() -> tuple:
 
 
 def _auto_settings(data_config, source: str):
-    from rope_jax.data import prepare
+    from rope_jax.data import preparation as prepare
 
     return prepare.Settings(
         source=source,
@@ -141,7 +141,7 @@ def ensure_prepared(data_config) -> str:
     path = dataset_path(data_config)
     source = auto_source(data_config)
     if source is not None:
-        from rope_jax.data import prepare
+        from rope_jax.data import preparation as prepare
 
         parent = os.path.dirname(path)
         os.makedirs(parent, exist_ok=True)

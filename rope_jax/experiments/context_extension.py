@@ -164,7 +164,7 @@ def make_plan(args) -> tuple[list[Case], dict]:
         config = base.copy_and_resolve_references()
         plan.apply(config, ROWS[row], f"row {row}")
         try:
-            checks.check_config(config)
+            checks.resolve(config)
         except ValueError as e:
             raise plan.SweepError(f"row {row}: {e}") from None
         for seed in range(args.seeds):

@@ -29,6 +29,7 @@ import shlex
 import sys
 
 from rope_jax.experiments import launch, plan, report
+from rope_jax.harness import runfiles
 
 ROOT = plan.ROOT
 LAYOUTS = ("nope", "flat", "mrope", "rope_tie", "rope_tie_frac", "rope_tv")
@@ -105,7 +106,7 @@ def _check(text_config: str, args, sets, rows, mm_config: str) -> None:
             for k, v in plan.split_sets(args.set)}}  # fmt: skip
         plan.apply(config, overrides, "--set")
         try:
-            checks.check_config(config)
+            checks.resolve(config)
         except ValueError as e:
             raise plan.SweepError(f"{os.path.basename(file)}:{arg}: {e}") from None
 
@@ -151,9 +152,9 @@ def text_loss(workdir: str, step: int, text_dir: str, num_batches: int) -> dict:
     import jax
 
     from rope_jax import data, sharding
-    from rope_jax.harness import checkpoint, setup, transfer
+    from rope_jax.harness import setup, transfer
 
-    config = checkpoint.load_config(text_dir)
+    config = runfiles.load_config(text_dir)
     run = setup.build(config)
     with sharding.use_mesh(run.mesh, run.rules):
         fresh = jax.jit(run.init_fn, out_shardings=run.shardings)()

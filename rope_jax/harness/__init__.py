@@ -1,15 +1,17 @@
 """The training harness: everything between a config and a trained, evaluated run.
 
-  checks      every config rule, checked once before anything builds
+  checks      resolve(config): filled from rope_jax.defaults, every rule checked, frozen
   optim       schedules and optimisers (one registry each)
   steps       the state pytree, the pure train and eval steps
   setup       build(config) -> Setup (mesh, shardings, jitted steps); evaluate; dry_run
   feed        batches onto devices: placement, prefetch thread, abstract batches
   loop        train_and_evaluate(config, workdir): the training loop
   evaluate    evaluate_checkpoint / generate_text from a workdir
-  checkpoint  Orbax checkpoints with checksums, the config beside them
+  checkpoint  Orbax checkpoints, verified on restore (checksums: their crc32 sums)
+  runfiles    config.json and tokenizer/ of a workdir; resume: what may change on resume
   metrics     losses, evaluation sums, metric files
-  cost        FLOPs per token and the cost plan of a token budget
+  flops       parameters, model FLOPs per token and per budget, MFU
+  cost        the cost plan of a token budget (python -m rope_jax.harness.cost)
   workdir     one writer per workdir (lock), writability, free space, atomic writes
   console     quiet logs and the run's progress lines
   cli         flag parsing for train.py / eval.py with one-line errors
@@ -18,7 +20,7 @@
 The names most callers need are re-exported here (`harness.build(config)`).
 """
 
-from rope_jax.harness.checks import check_batch_fits_mesh, check_config
+from rope_jax.harness.checks import check_batch_fits_mesh, check_config, resolve, settle_vocab
 from rope_jax.harness.evaluate import evaluate_checkpoint, generate_text
 from rope_jax.harness.feed import Prefetch, abstract_batch, put_batch
 from rope_jax.harness.loop import NonFiniteLoss, print_dry_run, train_and_evaluate
@@ -49,5 +51,7 @@ __all__ = [
     "num_elements",
     "print_dry_run",
     "put_batch",
+    "resolve",
+    "settle_vocab",
     "train_and_evaluate",
 ]

@@ -40,22 +40,15 @@ import os
 import shutil
 import sys
 import warnings
-import zlib
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from rope_jax import defaults
-from rope_jax.data import tokenizers
-from rope_jax.harness import console
+from rope_jax.harness import checksums, console
 from rope_jax.harness import workdir as workdir_lib
 
-CONFIG_FILE = "config.json"
-TOKENIZER_DIR = "tokenizer"
 CKPT_DIR = "checkpoints"
 DAMAGED_DIR = "damaged_checkpoints"  # where train.py --fallback moves damaged steps
 CHECKSUMS_FILE = "checksums.process_{}.json"  # one per process: its own shards
@@ -73,235 +66,6 @@ class SaveError(CheckpointError):
 class StepGone(CheckpointError):
     """A step that was listed but no longer exists (deleted by a running trainer's
     rotation before it could be pinned): not damage."""
-
-
-# ------------------------------------------------------------------------------ config
-
-
-def save_config(workdir: str, config, *, keep_old_as: int | None = None) -> str | None:
-    """Writes config.json (process 0, atomically). With `keep_old_as`, an existing
-    config.json is first copied to config.<keep_old_as>.json; returns that path."""
-    path = os.path.join(workdir, CONFIG_FILE)
-    kept = None
-    if jax.process_index() != 0:
-        return kept
-    if keep_old_as is not None and os.path.exists(path):
-        kept = os.path.join(workdir, f"config.{keep_old_as}.json")
-        n = 1
-        while os.path.exists(kept):
-            kept, n = os.path.join(workdir, f"config.{keep_old_as}.{n}.json"), n + 1
-        shutil.copy2(path, kept)
-    workdir_lib.write_atomic(path, config.to_json_best_effort(indent=2, sort_keys=True))
-    return kept
-
-
-def load_config(workdir: str) -> ml_collections.ConfigDict:
-    """The run config saved in `workdir`, in today's layout with every field filled
-    (`rope_jax.defaults`: fields added since the run was saved take their defaults,
-    the values it used); unresolved, as a config file gives it."""
-    path = os.path.join(workdir, CONFIG_FILE)
-    if not os.path.exists(path):
-        raise CheckpointError(f"no {CONFIG_FILE} in {workdir!r}: not a training workdir")
-    try:
-        with open(path) as f:
-            raw = json.load(f)
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
-    try:
-        return defaults.fill(defaults.migrate(_tuples(raw)))
-    except ValueError as e:
-        raise CheckpointError(f"{path}: {e}") from None
-
-
-def save_tokenizer(workdir: str, tok: tokenizers.Tokenizer) -> None:
-    """Writes <workdir>/tokenizer (process 0; once: a resume checked it is the same)."""
-    path = os.path.join(workdir, TOKENIZER_DIR)
-    if jax.process_index() != 0 or os.path.isdir(path):
-        return
-    tmp = f"{path}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tok.save(tmp)
-    os.replace(tmp, path)
-
-
-def load_tokenizer(workdir: str) -> tokenizers.Tokenizer:
-    """The run's tokenizer: <workdir>/tokenizer, or bytes for a run saved without one."""
-    path = os.path.join(workdir, TOKENIZER_DIR)
-    if not os.path.isdir(path):
-        return tokenizers.ByteTokenizer()
-    try:
-        return tokenizers.load(path)
-    except ValueError as e:
-        raise CheckpointError(f"the tokenizer of {workdir!r}: {e}") from None
-
-
-def check_tokenizer(workdir: str, tok: tokenizers.Tokenizer) -> None:
-    """The data's tokenizer `tok` must be the one the workdir's checkpoints were made with."""
-    if not os.path.exists(os.path.join(workdir, CONFIG_FILE)):
-        return  # nothing trained here yet
-    saved = load_tokenizer(workdir)
-    if saved.name != tok.name or saved.vocab_size != tok.vocab_size:
-        raise CheckpointError(
-            f"{workdir!r} was trained with tokenizer {saved.name} ({saved.vocab_size} ids) "
-            f"but the data's is {tok.name} ({tok.vocab_size} ids)"
-        )
-
-
-def _tuples(tree):
-    """JSON lists back to tuples (configs hold tuples: sections, mesh shape, ...)."""
-    if isinstance(tree, dict):
-        return {k: _tuples(v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return tuple(_tuples(v) for v in tree)
-    return tree
-
-
-# Model fields that choose how the same parameters are computed, not what they are.
-_COMPUTE_ONLY = ("dtype", "attention.impl")
-
-
-def check_same_model(saved, config, *, where: str) -> None:
-    """The model section decides parameter shapes and meaning: it must match to restore
-    (all of it but the compute choices, `_COMPUTE_ONLY`)."""
-    old = _flatten(defaults.fill_model(saved.model).to_dict())
-    new = _flatten(defaults.fill_model(config.model).to_dict())
-    diffs = [
-        f"model.{k}: {old.get(k)!r} -> {new.get(k)!r}"
-        for k in sorted(set(old) | set(new))
-        if k not in _COMPUTE_ONLY and _norm(old.get(k)) != _norm(new.get(k))
-    ]
-    if diffs:
-        raise CheckpointError(
-            f"{where} was written for a different model ({'; '.join(diffs)}); "
-            "use a new --workdir or the saved config"
-        )
-
-
-def _norm(value):
-    if isinstance(value, dict):
-        return {k: _norm(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return tuple(_norm(v) for v in value)
-    return value
-
-
-# Besides the model (which must match exactly), the fields whose change alters what a
-# run's checkpoints mean: the data stream and its order (seed), the optimiser and its
-# schedule, whose length is train.num_steps (a longer run has a different cosine), and
-# the compute dtype. Where the data lives and which split is evaluated do not count.
-RESUME_FIELDS = ("seed", "data", "optim", "train.num_steps", "model.dtype")
-_NOT_COMPARED = ("data.data_dir", "data.eval_split")
-
-
-def config_changes(saved, config) -> list[str]:
-    """`field: old -> new` for every RESUME_FIELDS field that differs (fields missing
-    on either side, from older or newer versions, are not compared)."""
-    old, new = _flatten(saved.to_dict()), _flatten(config.to_dict())
-    return [
-        f"{k}: {old[k]!r} -> {new[k]!r}"
-        for k in sorted(set(old) & set(new))
-        if _resume_field(k) and _norm(old[k]) != _norm(new[k])
-    ]
-
-
-def _resume_field(key: str) -> bool:
-    covered = any(key == f or key.startswith(f + ".") for f in RESUME_FIELDS)
-    return covered and key not in _NOT_COMPARED
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def check_resume(workdir: str, config, *, allow_change: bool = False) -> list[str]:
-    """Compares `config` with the workdir's config.json, if any, before anything is
-    restored: another model is an error; other RESUME_FIELDS changes are an error
-    unless `allow_change`. Returns the changes (`field: old -> new`)."""
-    path = os.path.join(workdir, CONFIG_FILE)
-    if not os.path.exists(path):
-        return []
-    saved = load_config(workdir)
-    check_same_model(saved, config, where=path)
-    changes = config_changes(saved, config)
-    if changes and not allow_change:
-        raise CheckpointError(
-            f"{path} was written with other settings ({'; '.join(changes)}), which would "
-            "change what its checkpoints mean: rerun with the saved values, use a new "
-            "--workdir, or pass --allow_config_change to continue with the new ones"
-        )
-    return changes
-
-
-# --------------------------------------------------------------------------- checksums
-
-
-def array_checksums(state) -> dict[str, dict[str, int]]:
-    """crc32 of the host bytes of every array of `state`: {array name: {shard: crc}}.
-
-    The shard is "all" for an array this process holds entirely (the whole array in
-    C order, so any sharding of it gives the same sum), else the index of each of this
-    process's shards ("0:16,0:32"; replica 0 only).
-    """
-    out = {}
-    for path, x in jax.tree_util.tree_leaves_with_path(state):
-        if not isinstance(x, jax.Array) or x.is_fully_addressable:
-            # one array on the host at a time: a copy of the whole state would double
-            # the memory a save needs
-            out[leaf_name(path)] = {"all": _crc32(jax.device_get(x))}
-        else:
-            out[leaf_name(path)] = {
-                _shard_key(s.index): _crc32(s.data)
-                for s in x.addressable_shards
-                if s.replica_id == 0
-            }
-    return out
-
-
-def leaf_name(path) -> str:
-    """`params.blocks.0.attn.q` for a pytree key path (nnx's trailing `.value` dropped)."""
-    parts = []
-    for key in path:
-        for attr in ("key", "idx", "name"):
-            if hasattr(key, attr):
-                parts.append(str(getattr(key, attr)))
-                break
-        else:
-            parts.append(str(key))
-    if len(parts) > 1 and parts[-1] == "value":
-        parts.pop()
-    return ".".join(parts)
-
-
-def _crc32(array) -> int:
-    data = np.ascontiguousarray(np.asarray(array))  # at least 1-d
-    return zlib.crc32(data.view(np.uint8).reshape(-1))
-
-
-def _shard_key(index) -> str:
-    return ",".join(f"{s.start or 0}:{'' if s.stop is None else s.stop}" for s in index)
-
-
-def _nbytes(tree) -> int:
-    return sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
-
-
-def _first_non_finite(tree) -> str | None:
-    """Name of the first floating-point array holding a NaN or inf, or None."""
-    leaves = [(p, x) for p, x in jax.tree_util.tree_leaves_with_path(tree)
-              if jnp.issubdtype(x.dtype, jnp.floating)]  # fmt: skip
-    finite = jax.device_get([jnp.isfinite(x).all() for _, x in leaves])
-    return next((leaf_name(p) for (p, _), ok in zip(leaves, finite, strict=True) if not ok), None)
-
-
-def non_finite_params(state) -> str | None:
-    """Name of the first parameter array of `state` that is not finite, or None."""
-    return _first_non_finite(state["params"] if isinstance(state, dict) else state)
 
 
 # ----------------------------------------------------------------------------- manager
@@ -469,7 +233,7 @@ class Manager:
         are kept and the half-written one is removed.
         """
         self._check_space(step, state)
-        sums = array_checksums(state)  # the host bytes of the arrays being saved
+        sums = checksums.array_checksums(state)  # the host bytes of the arrays being saved
         extra = {**extra, "checksums": CHECKSUMS_FILE, "checksum_processes": jax.process_count()}
         existed = os.path.exists(self.step_dir(step))
         try:
@@ -492,7 +256,7 @@ class Manager:
         if previous is not None:
             need, of = workdir_lib.tree_bytes(self.step_dir(previous)), f"step {previous}'s size"
         else:
-            need, of = _nbytes(state), "the state's size in memory"
+            need, of = checksums.nbytes(state), "the state's size in memory"
         try:
             workdir_lib.check_free_space(
                 self.directory, need, what=f"checkpoint step {step}",
@@ -549,7 +313,7 @@ class Manager:
         _check_shapes(restored.state, abstract_state, step)
         extra = dict(restored.extra or {})
         self._verify(step, restored.state, extra)
-        bad = non_finite_params(restored.state)
+        bad = checksums.non_finite_params(restored.state)
         if bad:
             raise CheckpointError(
                 f"checkpoint step {step} in {self.directory} is damaged: parameter {bad} "
@@ -561,7 +325,7 @@ class Manager:
         expected = self._read_checksums(step, extra)
         if expected is None:
             return  # saved before checksums existed: nothing to compare with
-        actual = array_checksums(state)
+        actual = checksums.array_checksums(state)
         for name, sums in expected.items():  # in tree order: the first bad array
             got = actual.get(name, {})
             for shard, crc in sums.items():

@@ -30,7 +30,17 @@ from flax import nnx
 
 from rope_jax import data, defaults, sharding
 from rope_jax.data import passkey, sources
-from rope_jax.harness import checkpoint, checks, console, distributed, feed, metrics, setup, steps
+from rope_jax.harness import (
+    checkpoint,
+    checks,
+    console,
+    distributed,
+    feed,
+    metrics,
+    runfiles,
+    setup,
+    steps,
+)
 from rope_jax.harness import workdir as workdir_lib
 from rope_jax.nn import generate
 
@@ -241,9 +251,7 @@ def evaluate_checkpoint(
     The file (`eval_path`) also records the settings; the returned dict is the same
     without them.
     """
-    config = with_rope_scaling(
-        checkpoint.load_config(workdir), rope_scaling, max_position_embeddings
-    )
+    config = with_rope_scaling(runfiles.load_config(workdir), rope_scaling, max_position_embeddings)
     seq_lens = parse_seq_lens(seq_lens) or [config.data.seq_len, *config.eval.seq_lens]
     split = split or config.data.eval_split
     splits = list(config.eval.splits if splits is None else splits)
@@ -266,7 +274,7 @@ def evaluate_checkpoint(
             _hold(stack, result_lock(workdir, eval_path(workdir, step, tag)))
             check_existing(eval_path(workdir, step, tag), settings, overwrite)
         distributed.process_0_first(data.ensure_built, config.data)  # no concurrent builds
-        checkpoint.check_tokenizer(workdir, data.kind(config.data).tokenizer())
+        runfiles.check_tokenizer(workdir, data.kind(config.data).tokenizer())
         run = setup.build(config)
         check_splits(config, [split, *splits])
         known = step
@@ -362,8 +370,8 @@ def generate_text(
 ) -> str:
     """Restores a checkpoint and returns `prompt` + its continuation, cut at the first EOS;
     text is encoded and decoded with the run's own tokenizer (<workdir>/tokenizer)."""
-    config = checkpoint.load_config(workdir)
-    tok = checkpoint.load_tokenizer(workdir)
+    config = runfiles.load_config(workdir)
+    tok = runfiles.load_tokenizer(workdir)
     if tok.vocab_size != config.model.vocab_size:
         raise checkpoint.CheckpointError(
             f"the tokenizer of {workdir!r} has {tok.vocab_size} ids, the model "

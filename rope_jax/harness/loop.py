@@ -3,7 +3,7 @@
 Before anything compiles: the workdir is locked (one writer, `harness.workdir`) and
 checked writable, the config is checked, every split the run will evaluate is checked
 to hold tokens, and a resumed run's config is compared with its config.json
-(`checkpoint.check_resume`). config.json is written only once the run has started
+(`resume.check_resume`). config.json is written only once the run has started
 (first step done, or checkpoint restored), so a run that fails at once leaves the
 workdir as it was. Then the metric files drop what the checkpoint does not cover (rows
 of later steps, from before a restart: `metrics.MetricWriter`).
@@ -38,11 +38,14 @@ from rope_jax import data, sharding
 from rope_jax.harness import (
     checkpoint,
     checks,
+    checksums,
     console,
     distributed,
     evaluate,
     feed,
     metrics,
+    resume,
+    runfiles,
     setup,
     transfer,
 )
@@ -118,7 +121,7 @@ def train_and_evaluate(config, workdir: str, *, fallback: bool = False,
       fallback: resume from the newest intact checkpoint when newer ones are damaged
         (they are moved to <workdir>/damaged_checkpoints/).
       allow_config_change: resume although a field that changes what the checkpoints
-        mean (`checkpoint.RESUME_FIELDS`) differs from config.json; the old config is
+        mean (`resume.RESUME_FIELDS`) differs from config.json; the old config is
         kept as config.<step>.json.
     """
     # init_from=hf:DIR: the checkpoint's architecture; then filled, checked and frozen, once
@@ -147,8 +150,8 @@ def _train(config, workdir, stop, fallback, allow_config_change):
     distributed.process_0_first(data.ensure_built, config.data)  # no concurrent builds
     config = checks.settle_vocab(config)  # model.vocab_size from the data's tokenizer
     run = setup.build(config)
-    checkpoint.check_tokenizer(workdir, data.kind(config.data).tokenizer())
-    changes = checkpoint.check_resume(workdir, config, allow_change=allow_config_change)
+    runfiles.check_tokenizer(workdir, data.kind(config.data).tokenizer())
+    changes = resume.check_resume(workdir, config, allow_change=allow_config_change)
     train_iter = data.make_train_iterator(
         config.data,
         seed=config.seed,
@@ -161,9 +164,7 @@ def _train(config, workdir, stop, fallback, allow_config_change):
     session = _Session(config, run, workdir, ckpt, stop, changes)
     try:
         with sharding.use_mesh(run.mesh, run.rules):
-            state, start = _restore_or_init(
-                run, ckpt, train_iter, fallback, config.train.init_from
-            )
+            state, start = _restore_or_init(run, ckpt, train_iter, fallback, config.train.init_from)
             if start:
                 session.begin(start)
             batches = feed.Prefetch(train_iter, run.batch_sharding)  # placed ahead
@@ -256,10 +257,10 @@ class _Session:
         """The run has started at `step`: write config.json, open the metric files."""
         if self.writer is not None:
             return
-        kept = checkpoint.save_config(
+        kept = runfiles.save_config(
             self.workdir, self.config, keep_old_as=step if self.changes else None
         )
-        checkpoint.save_tokenizer(self.workdir, data.kind(self.config.data).tokenizer())
+        runfiles.save_tokenizer(self.workdir, data.kind(self.config.data).tokenizer())
         if self.changes:
             console.warn(f"config changed at step {step} ({'; '.join(self.changes)}); "
                          f"the previous config is kept in {kept}")  # fmt: skip
@@ -376,7 +377,7 @@ def _checked_losses(pending: list, step: int, session: _Session) -> np.ndarray:
 
 def _save(session: _Session, state, step: int, batches) -> None:
     """Checkpoints `step`, refusing non-finite parameters (they would not restore)."""
-    bad = checkpoint.non_finite_params(state)
+    bad = checksums.non_finite_params(state)
     if bad:
         raise NonFiniteLoss(f"parameter {bad} became NaN/inf at step {step}; "
                             f"{_last_good(session.ckpt, session.run)}")  # fmt: skip

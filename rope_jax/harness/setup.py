@@ -17,7 +17,7 @@ import numpy as np
 import optax
 
 from rope_jax import data, sharding
-from rope_jax.harness import checks, feed, metrics, optim, steps
+from rope_jax.harness import checks, feed, flops, metrics, optim, steps
 
 
 class Setup(NamedTuple):
@@ -92,9 +92,7 @@ def evaluate(run: Setup, params, config, *, split: str, seq_len: int | None = No
 
 def dry_run(config) -> dict:
     """Parameter count, per-device bytes (eval_shape + XLA memory analysis) and the model
-    FLOPs of the run (`harness.cost`: per token, and for the token budget); no arrays."""
-    from rope_jax.harness import cost  # here: `python -m rope_jax.harness.cost` runs it as main
-
+    FLOPs of the run (`harness.flops`: per token, and for the token budget); no arrays."""
     config = checks.resolve(config)
     run = build(config)
     extra = data.kind(config.data).batch_fields()
@@ -110,8 +108,8 @@ def dry_run(config) -> dict:
         "params_bytes_per_device": bytes_per_device(run.abstract["params"]),
         "opt_bytes_per_device": bytes_per_device(run.abstract["opt"]),
         "temp_bytes_per_device": int(getattr(analysis, "temp_size_in_bytes", 0) or 0),
-        "flops_per_token": cost.flops_per_token(config),
-        "total_flops": cost.total_flops(config),
+        "flops_per_token": flops.flops_per_token(config),
+        "total_flops": flops.total_flops(config),
     }
 
 

@@ -23,7 +23,7 @@ import jax
 import ml_collections
 
 from rope_jax import defaults
-from rope_jax.harness import checkpoint, setup
+from rope_jax.harness import checkpoint, checksums, runfiles, setup
 
 HF_PREFIX = "hf:"  # init_from=hf:DIR, a Hugging Face model directory
 
@@ -57,9 +57,9 @@ def check(spec: str) -> None:
     if spec.startswith(HF_PREFIX):
         return
     workdir, _ = parse(spec)
-    if not os.path.isfile(os.path.join(workdir, checkpoint.CONFIG_FILE)):
+    if not os.path.isfile(os.path.join(workdir, runfiles.CONFIG_FILE)):
         raise TransferError(
-            f"train.init_from={spec!r}: {workdir!r} holds no run ({checkpoint.CONFIG_FILE} missing)"
+            f"train.init_from={spec!r}: {workdir!r} holds no run ({runfiles.CONFIG_FILE} missing)"
         )
 
 
@@ -85,7 +85,7 @@ def source_params(spec: str):
             raise TransferError(f"train.init_from={spec!r}: {e}") from None
     workdir, step = parse(spec)
     try:
-        config = checkpoint.load_config(workdir)
+        config = runfiles.load_config(workdir)
         run = setup.build(without_corpus(config), vocab_from_data=False)
         step, state = restore(workdir, run, step, fallback=False)
     except (checkpoint.CheckpointError, ValueError) as e:
@@ -97,11 +97,11 @@ def merge(fresh, source) -> tuple[object, list[str], list[str]]:
     """`fresh` with every leaf of `source` of the same path and shape put in (cast to the
     fresh dtype and placed with its sharding). Returns (params, loaded names, names kept
     fresh)."""
-    found = {checkpoint.leaf_name(p): x for p, x in jax.tree_util.tree_leaves_with_path(source)}
+    found = {checksums.leaf_name(p): x for p, x in jax.tree_util.tree_leaves_with_path(source)}
     loaded, kept = [], []
 
     def take(path, leaf):
-        name = checkpoint.leaf_name(path)
+        name = checksums.leaf_name(path)
         other = found.get(name)
         if other is None or other.shape != leaf.shape:
             kept.append(name)
@@ -124,7 +124,7 @@ def apply(state: dict, spec: str) -> tuple[dict, str]:
         )
     size = lambda names, tree: sum(
         x.size for p, x in jax.tree_util.tree_leaves_with_path(tree)
-        if checkpoint.leaf_name(p) in set(names)
+        if checksums.leaf_name(p) in set(names)
     )  # fmt: skip
     line = (
         f"init_from {spec}{'' if step is None else f' (step {step})'}: loaded {len(loaded)} of "

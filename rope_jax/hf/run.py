@@ -15,7 +15,7 @@ import os
 import jax
 
 from rope_jax import data, sharding
-from rope_jax.harness import checkpoint, checks, console, setup, transfer
+from rope_jax.harness import checkpoint, checks, console, runfiles, setup, transfer
 from rope_jax.harness.evaluate import restore, without_corpus
 from rope_jax.hf import config as hf_config
 from rope_jax.hf import convert, weights
@@ -31,8 +31,8 @@ def import_run(directory: str, workdir: str, config) -> str:
     config = convert.adopt(config, directory)  # reads config.json: its errors come first
     config.model.param_dtype = weights.checkpoint_dtype(directory)  # bfloat16 stays
     config.train.init_from = spec
-    if os.path.isfile(os.path.join(workdir, checkpoint.CONFIG_FILE)):
-        saved = checkpoint.load_config(workdir)
+    if os.path.isfile(os.path.join(workdir, runfiles.CONFIG_FILE)):
+        saved = runfiles.load_config(workdir)
         if saved.train.init_from != spec:
             raise hf_config.HFError(
                 f"{workdir!r} holds another run (its train.init_from is "
@@ -53,8 +53,8 @@ def import_run(directory: str, workdir: str, config) -> str:
     finally:
         ckpt.close()
     if tokenizer is not None:
-        checkpoint.save_tokenizer(workdir, tokenizer)
-    checkpoint.save_config(workdir, config)  # last: a workdir with config.json is complete
+        runfiles.save_tokenizer(workdir, tokenizer)
+    runfiles.save_config(workdir, config)  # last: a workdir with config.json is complete
     return f"imported {directory} ({len(loaded)} arrays) into {os.path.abspath(workdir)} as step 0"
 
 
@@ -62,7 +62,7 @@ def export_run(workdir: str, out: str, *, step: int | None = None, overwrite: bo
     """Writes checkpoint `step` (default the newest) of the run in `workdir` as an HF model
     directory `out`; HFError naming the setting HF's classes cannot express. Returns
     (step, files written)."""
-    config = checkpoint.load_config(workdir)
+    config = runfiles.load_config(workdir)
     num_axes = data.kind(config.data).num_axes
     hf_config.check_exportable(config.model, num_axes=num_axes)  # before anything restores
     if os.path.exists(os.path.join(out, hf_config.CONFIG_FILE)) and not overwrite:
@@ -77,7 +77,7 @@ def export_run(workdir: str, out: str, *, step: int | None = None, overwrite: bo
         state["params"],
         config.model,
         max_position_embeddings=rope.max_position_embeddings or config.data.seq_len,
-        tokenizer=checkpoint.load_tokenizer(workdir),
+        tokenizer=runfiles.load_tokenizer(workdir),
         num_axes=num_axes,
     )
     console.say(

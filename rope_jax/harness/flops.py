@@ -1,0 +1,131 @@
+"""Model FLOPs of a run: parameters, FLOPs per token and per token budget, MFU.
+
+Convention (PaLM appendix B, as MaxText reports MFU): model FLOPs per token are
+
+  6 * P  +  12 * L * T * N * H
+
+P = `matmul_params` (every weight that enters a matmul: q, k, v (or the tied kv), o,
+SwiGLU, the LM head and the patch embedding; not the embedding table, a gather, nor
+the norms' scales), 6 = 2 (multiply-add) x 3 (forward + backward for the activations
+and for the weights). The second term is q.k^T and probs.v, 2 * 2 * T * N * H per token
+and layer forward, times 3, over the full T x T square: no causal discount, although a
+causal kernel may skip half of it. Softmax, norms, rotations and the optimiser are not
+counted. MFU = model FLOPs / (devices * peak * seconds); rematerialisation does not
+change the model FLOPs, only the hardware FLOPs (`remat_flops_per_token`), reported
+separately.
+
+`python -m rope_jax.harness.cost` turns these into a cost plan (`harness/cost.py`).
+
+Shape letters: L layers, D embed dim, N query heads, K kv heads, H head dim, F mlp dim,
+V vocab, E patch width, T training context, B global batch (sequences).
+"""
+
+from __future__ import annotations
+
+import math
+
+from rope_jax import learned
+from rope_jax.nn import model
+
+
+def block_matmul_params(model_cfg) -> int:
+    """Matmul weights of the L decoder blocks: q D*N*H, k and v 2*D*K*H (tied: one
+    D*K*H), o N*H*D, SwiGLU 3*D*F, per layer."""
+    m = model_cfg
+    d, n, k, h, f = m.embed_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.mlp_dim
+    kv = 1 if m.attention.kv == "tied" else 2
+    return m.num_layers * (2 * d * n * h + kv * d * k * h + 3 * d * f)
+
+
+def matmul_params(model_cfg) -> int:
+    """P: every weight that enters a matmul: the blocks', the LM head D*V and the patch
+    embedding E*D (applied at every position). Not the embedding table (a gather) or
+    the norms' scales (elementwise)."""
+    m = model_cfg
+    return block_matmul_params(m) + m.embed_dim * m.vocab_size + m.patch_dim * m.embed_dim
+
+
+def rotation_params(model_cfg, num_axes: int = 1) -> int:
+    """Learned-rotation parameters (`rope.learned`), per layer that rotates: frequencies
+    K*(H/2)*A, and with `commuting` the basis generator H*H; 0 for the fixed rotation."""
+    m = model_cfg
+    trained = learned.KINDS[m.rope.learned]
+    if not trained:
+        return 0
+    rotating = sum(spec is not None for spec in model.layer_rotations(m, num_axes))
+    per_layer = m.num_kv_heads * (m.head_dim // 2) * num_axes if "rope_freqs" in trained else 0
+    per_layer += m.head_dim**2 if "rope_basis" in trained else 0
+    return rotating * per_layer
+
+
+def num_params(model_cfg, num_axes: int = 1) -> int:
+    """All parameters: `matmul_params` + the embedding table V*D (not again when the head
+    is the table, `tie_embeddings`) + 2L + 1 norm scales of D + `rotation_params` (A
+    position axes: 1 for text) + per layer the q/k/v biases (N + 2K)*H and q/k norm
+    scales 2*H when the model has them."""
+    m = model_cfg
+    table = 0 if m.tie_embeddings else m.vocab_size * m.embed_dim
+    extra = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim if m.attention.qkv_bias else 0
+    extra += 2 * m.head_dim if m.attention.qk_norm else 0
+    return (matmul_params(m) + table + (2 * m.num_layers + 1) * m.embed_dim
+            + rotation_params(m, num_axes) + m.num_layers * extra)  # fmt: skip
+
+
+def attention_flops_per_token(model_cfg, seq_len: int) -> int:
+    """12 * L * T * N * H: q.k^T and probs.v, forward + backward, full T x T square."""
+    m = model_cfg
+    return 12 * m.num_layers * seq_len * m.num_heads * m.head_dim
+
+
+def flops_per_token(config) -> int:
+    """Model FLOPs per training token: 6 * P + 12 * L * T * N * H (see the module doc)."""
+    return 6 * matmul_params(config.model) + attention_flops_per_token(
+        config.model, config.data.seq_len
+    )
+
+
+def remat_flops_per_token(config) -> int:
+    """Hardware FLOPs per token that rematerialisation adds to the model FLOPs.
+
+    With `model.remat=block` the backward pass recomputes each block's forward:
+    2 * `block_matmul_params` + 4 * L * T * N * H (the head is outside the blocks). 0
+    without remat. Attention kernels that recompute scores in their backward (chunked,
+    cuDNN flash) add up to 2 * L * T * N * H more, not counted here.
+    """
+    if config.model.remat != "block":
+        return 0
+    return (
+        2 * block_matmul_params(config.model)
+        + attention_flops_per_token(config.model, config.data.seq_len) // 3
+    )
+
+
+def tokens_per_step(config) -> int:
+    """B * T training tokens per optimiser step (microbatches do not change it)."""
+    return config.data.global_batch_size * config.data.seq_len
+
+
+def token_budget(config) -> int:
+    """`train.num_tokens` when set (> 0), else num_steps * B * T."""
+    num_tokens = int(config.train.num_tokens)
+    return num_tokens or config.train.num_steps * tokens_per_step(config)
+
+
+def steps_for_budget(config) -> int:
+    """Optimiser steps that cover `token_budget` (rounded up): set train.num_steps to it."""
+    return math.ceil(token_budget(config) / tokens_per_step(config))
+
+
+def total_flops(config) -> int:
+    """Model FLOPs of one run: `flops_per_token` * `token_budget`."""
+    return flops_per_token(config) * token_budget(config)
+
+
+def wall_seconds(flops: float, devices: int, peak: float, mfu: float) -> float:
+    """Seconds for `flops` model FLOPs on `devices` devices of `peak` FLOP/s at `mfu`."""
+    return flops / (devices * peak * mfu)
+
+
+def measured_mfu(tokens_per_s: float, flops_per_token_: float, devices: int, peak: float) -> float:
+    """MFU of a measured throughput: tokens/s * FLOPs/token / (devices * peak)."""
+    return tokens_per_s * flops_per_token_ / (devices * peak)
