@@ -242,6 +242,10 @@ def eval() -> ml_collections.ConfigDict:
     eval = ml_collections.ConfigDict()
     eval.num_batches = 20  # batches per evaluation; 0 = the whole split
     eval.batch_size = 16  # sequences per evaluation batch
+    # which windows num_batches takes from a text split: first (in order from the start) |
+    # spread (evenly through the whole split: a large corpus ordered by source, as a
+    # source tree is, is sampled everywhere, not only where it begins)
+    eval.sample = "first"
     eval.seq_lens = ()  # extra context lengths for eval.py (extrapolation), e.g. (256, 512)
     eval.splits = ()  # extra held-out splits eval.py scores at data.seq_len, e.g. ("test",)
     return eval

@@ -89,3 +89,40 @@ def test_precision_rows_change_only_the_compute_dtype():
         assert got == base
     with pytest.raises(ValueError, match="row='fp8' is not one of float32, bfloat16"):
         precision.get_config("row=fp8")
+
+
+def test_eval_sample_is_checked_once_at_resolve():
+    from configs import multimodal
+
+    from rope_jax.harness import checks
+
+    config = lm.get_config("size=tiny")
+    config.eval.sample = "middle"
+    with pytest.raises(ValueError, match=r"eval\.sample='middle' is not one of first, spread"):
+        checks.resolve(config)
+    grid = multimodal.get_config("size=tiny")
+    grid.eval.sample = "spread"
+    with pytest.raises(ValueError, match="multimodal splits are scored on their first"):
+        checks.resolve(grid)
+    config.eval.sample = "spread"
+    assert checks.resolve(config).eval.sample == "spread"
+
+
+def test_resolve_fills_from_the_defaults_checks_once_and_freezes():
+    import ml_collections
+
+    from rope_jax import defaults
+    from rope_jax.harness import checks
+
+    partial = {"model": {"rope": {"sites": "vo"}}, "train": {"num_steps": 7}}
+    config = checks.resolve(partial)
+    assert isinstance(config, ml_collections.FrozenConfigDict)
+    assert config.model.rope.sites == "vo" and config.train.num_steps == 7
+    assert config.model.remat == defaults.config().model.remat  # filled, not supplied
+    assert checks.resolve(config) is config  # resolved once: passed through
+    with pytest.raises(AttributeError):
+        config.model.rope.sites = "qk"
+    with pytest.raises(ValueError, match=r"config field model\.rope\.sitez is unknown"):
+        checks.resolve({"model": {"rope": {"sitez": "vo"}}})
+    old = {"model": {"rope": {"scheme": "mrope", "num_axes": 3}}, "data": {}}  # an old run
+    assert checks.resolve(old).data.scheme == "mrope"

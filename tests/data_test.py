@@ -316,3 +316,17 @@ def test_a_binary_file_is_a_warning_with_the_count_of_replaced_bytes(tmp_path):
     with pytest.warns(UserWarning, match=r"a\.txt is not valid UTF-8.*: 6 invalid byte"):
         docs = data.documents(config, "train")
     assert "\ufffd" in b"".join(docs).decode()
+
+
+def test_eval_sample_spread_takes_windows_through_the_whole_split(tmp_path):
+    cfg = _config(files=_write_files(tmp_path, 30), seq_len=16)
+    batches = list(data.make_eval_iterator(cfg, split="train", batch_size=2))
+    every = np.concatenate([b["inputs"] for b in batches])
+    n = int(sum((b["weights"].sum(axis=1) > 0).sum() for b in batches))  # not the padding
+    kw = dict(split="train", batch_size=2, num_batches=3)
+    first = np.concatenate([b["inputs"] for b in data.make_eval_iterator(cfg, **kw)])
+    spread = np.concatenate([b["inputs"] for b in data.make_eval_iterator(cfg, spread=True, **kw)])
+    assert n > 60 and first.shape == spread.shape == (6, 16)
+    np.testing.assert_array_equal(first, every[:6])  # the default: the split's beginning
+    np.testing.assert_array_equal(spread, every[np.arange(6) * n // 6])  # evenly through it
+    assert not np.array_equal(first, spread)

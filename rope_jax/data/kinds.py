@@ -76,12 +76,12 @@ class Text:
             self.config, seed=seed, batch_size=batch_size, shard=shard
         )
 
-    def eval_iterator(self, *, split, batch_size, seq_len, num_batches, shard):
+    def eval_iterator(self, *, split, batch_size, seq_len, num_batches, shard, spread=False):
         seq_len = _positive_int(seq_len or self.config.seq_len, "seq_len")
         if num_batches is not None:
             num_batches = _positive_int(num_batches, "num_batches")
         return self._eval_batches(split=split, batch_size=batch_size, seq_len=seq_len,
-                                  num_batches=num_batches, shard=shard)  # fmt: skip
+                                  num_batches=num_batches, shard=shard, spread=spread)  # fmt: skip
 
     def _eval_batches(self, **kw):
         return pipeline.text_eval_iterator(self.config, **kw)
@@ -159,7 +159,8 @@ class Multimodal:
             self.config, seed=seed, batch_size=batch_size, shard=shard
         )
 
-    def eval_iterator(self, *, split, batch_size, seq_len, num_batches, shard):
+    def eval_iterator(self, *, split, batch_size, seq_len, num_batches, shard, spread=False):
+        del spread  # a split of questions: its first examples (checks refuse spread)
         seq_len = _positive_int(seq_len or multimodal.eval_seq_len(self.config), "seq_len")
         config = ml_collections.ConfigDict(self.config.to_dict())  # a mutable copy
         config.seq_len = seq_len
@@ -252,7 +253,7 @@ def make_train_iterator(data_config, *, seed: int, batch_size: int, process_inde
 
 def make_eval_iterator(data_config, *, split: str, batch_size: int, seq_len: int | None = None,
                        num_batches: int | None = None, process_index: int = 0,
-                       process_count: int = 1):  # fmt: skip
+                       process_count: int = 1, spread: bool = False):  # fmt: skip
     """Finite, deterministic, re-iterable batches covering `split` once, in order.
 
     Args:
@@ -261,7 +262,8 @@ def make_eval_iterator(data_config, *, split: str, batch_size: int, seq_len: int
       batch_size: B; the last batch is padded with weight-0 rows to full size.
       seq_len: T; defaults to `data.seq_len`; any length works (e.g. 4x training).
         Multimodal splits default to `multimodal.eval_seq_len`, which fits every split.
-      num_batches: if set, only the first `num_batches` batches. A multimodal split
+      num_batches: if set, only the first `num_batches` batches (with `spread`, that
+        many batches of windows evenly spaced through a text split). A multimodal split
         is its first `num_batches * batch_size` examples (512 when None).
       process_index, process_count: as in `make_train_iterator`; every process gets
         the same number of batches.
@@ -272,7 +274,8 @@ def make_eval_iterator(data_config, *, split: str, batch_size: int, seq_len: int
     batch_size = _positive_int(batch_size, "batch_size")
     shard = _shard(process_index, process_count)
     return kind(data_config).eval_iterator(split=split, batch_size=batch_size, seq_len=seq_len,
-                                           num_batches=num_batches, shard=shard)  # fmt: skip
+                                           num_batches=num_batches, shard=shard,
+                                           spread=spread)  # fmt: skip
 
 
 def _positive_int(value, field: str) -> int:

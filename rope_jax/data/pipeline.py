@@ -109,10 +109,17 @@ def shuffled_batches(num_windows: int, windows, *, seed: int, batch_size: int, s
 
 
 def ordered_batches(num_windows: int, windows, *, batch_size: int, shard, num_batches: int | None,
-                    options: grain.ReadOptions = READ_OPTIONS):  # fmt: skip
+                    options: grain.ReadOptions = READ_OPTIONS, spread: bool = False):  # fmt: skip
     """Evaluation batches: every window once, in order, padded to whole global batches
-    (the padding rows past the end have weight 0); the first `num_batches` if set."""
+    (the padding rows past the end have weight 0); the first `num_batches` if set, or
+    with `spread` that many batches of windows evenly spaced through the split."""
     global_batch = batch_size * shard[1]
+    if spread and num_batches is not None and num_batches * global_batch < num_windows:
+        want = num_batches * global_batch
+        picks = (np.arange(want, dtype=np.int64) * num_windows // want).tolist()
+        return (
+            grain.MapDataset.source(picks).batch(global_batch).map(windows).to_iter_dataset(options)
+        )
     rows = -(-num_windows // global_batch) * global_batch
     ds = grain.MapDataset.range(rows).batch(global_batch).map(windows)
     if num_batches is not None:
@@ -126,10 +133,12 @@ def num_eval_windows(num_tokens: int, seq_len: int) -> int:
 
 
 def text_eval_iterator(data_config, *, split: str, batch_size: int, seq_len: int,
-                       num_batches: int | None, shard: tuple[int, int]):  # fmt: skip
+                       num_batches: int | None, shard: tuple[int, int],
+                       spread: bool = False):  # fmt: skip
     """Every window of a text split once, in order, padded to whole batches."""
     tokens = sources.token_stream(data_config, split)
     windows = Windows(tokens, seq_len, shard, packing_mode=packing.mode(data_config),
                       target_bytes=True)  # fmt: skip
     return ordered_batches(num_eval_windows(len(tokens), seq_len), windows,
-                           batch_size=batch_size, shard=shard, num_batches=num_batches)  # fmt: skip
+                           batch_size=batch_size, shard=shard, num_batches=num_batches,
+                           spread=spread)  # fmt: skip

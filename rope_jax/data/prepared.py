@@ -308,11 +308,12 @@ def train_iterator(data_config, path: str, *, seed: int, batch_size: int, shard)
 
 
 def eval_iterator(data_config, path: str, *, split: str, batch_size: int, seq_len: int,
-                  num_batches: int | None, shard):  # fmt: skip
+                  num_batches: int | None, shard, spread: bool = False):  # fmt: skip
     """Every window of a split once, in order, padded to whole batches, with target bytes."""
     reader = open_split(path, split)
     windows = Windows(reader, seq_len, shard=shard, packing_mode=packing.mode(data_config),
                       target_bytes=True)  # fmt: skip
     return pipeline.ordered_batches(reader.num_windows(seq_len, partial=True), windows,
                                     batch_size=batch_size, shard=shard,
-                                    num_batches=num_batches, options=READ_OPTIONS)  # fmt: skip
+                                    num_batches=num_batches, options=READ_OPTIONS,
+                                    spread=spread)  # fmt: skip

@@ -69,6 +69,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     _non_negative(config, "optim.z_loss", "train.num_tokens")
     if not config.optim.lr > 0:
         raise ValueError(f"optim.lr={config.optim.lr!r} must be > 0")
+    _choice("eval.sample", config.eval.sample, ("first", "spread"))
+    if config.eval.sample == "spread" and kind.name == "multimodal":
+        raise ValueError("eval.sample='spread' samples windows of text; multimodal "
+                         "splits are scored on their first questions (use 'first')")  # fmt: skip
     _choice("optim.name", config.optim.name, optim.OPTIMIZERS)
     _choice("optim.schedule", config.optim.schedule, optim.SCHEDULES)
     for length in config.eval.seq_lens:

@@ -82,6 +82,7 @@ def evaluate(run: Setup, params, config, *, split: str, seq_len: int | None = No
         batch_size=config.eval.batch_size // jax.process_count(),  # global batch: eval.batch_size
         seq_len=seq_len,
         num_batches=num_batches or None,
+        spread=config.eval.sample == "spread",
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     )
