@@ -282,10 +282,11 @@ def _tfds_docs(name: str, text_key: str = "text") -> Iterator[Doc]:
         source = builder.as_data_source(split=split)
         for i in range(len(source)):
             yield Doc(f"tfds:{name}/{split}[{i}]", fixed,
-                      lambda src=source, i=i: _tfds_text(src[i], text_key))  # fmt: skip
+                      lambda src=source, i=i: tfds_text(src[i], text_key))  # fmt: skip
 
 
-def _tfds_text(example, text_key: str) -> str:
+def tfds_text(example, text_key: str) -> str:
+    """The text under `text_key` ("a/b" for nested) of a TFDS example, as str."""
     value = example
     for key in text_key.split("/"):
         value = value[key]

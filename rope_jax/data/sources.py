@@ -148,13 +148,7 @@ def _tfds_documents(data_config, split: str, max_documents: int) -> list[bytes]:
         )
     source = builder.as_data_source(split=split)
     count = len(source) if max_documents <= 0 else min(len(source), max_documents)
-    documents = []
-    for i in range(count):
-        value = source[i]
-        for key in text_key.split("/"):
-            value = value[key]
-        documents.append(value.encode("utf-8") if isinstance(value, str) else bytes(value))
-    return documents
+    return [readers.tfds_text(source[i], text_key).encode("utf-8") for i in range(count)]
 
 
 # ----------------------------------------------------------------------------- public
