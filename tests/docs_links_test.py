@@ -56,3 +56,92 @@ def test_every_command_on_every_page_names_a_module_or_script_that_exists():
             assert importlib.util.find_spec(module) is not None, f"{page}: python -m {module}"
         for script in re.findall(r"python3? ((?:[\w-]+/)*[\w-]+\.py)\b", text):
             assert os.path.exists(os.path.join(ROOT, script)), f"{page}: python {script}"
+
+
+class _Parsed(Exception):
+    """Raised by the patched parser once a command's flags parsed: nothing runs."""
+
+
+def _commands(text: str, prefix: str) -> list[tuple[str, list[str]]]:
+    """(module, argv) of every `python -m <prefix>...` command in the code of `text`:
+    fenced blocks (continuation lines joined) and inline code spans (which may wrap);
+    optional `[...]` parts, comments and shell redirections dropped."""
+    import shlex
+
+    fences = re.findall(r"```.*?```", text, flags=re.S)
+    inline = re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+    lines = [ln for f in fences for ln in re.sub(r"\\\n\s*", " ", f).splitlines()]
+    lines += [span.replace("\n", " ") for span in inline]
+    out = []
+    for line in lines:
+        for module, rest in re.findall(rf"python3? -m ({prefix}[\w.]*)(.*)", line):
+            rest = re.split(r"\s(?:#|&&|\||>|2>|;)", re.sub(r"\[[^\]]*\]", "", rest))[0]
+            out.append((module, [a for a in shlex.split(rest) if a != "..."]))
+    return out
+
+
+def test_every_python_m_command_on_every_page_parses(monkeypatch):
+    """Each `python -m rope_jax...` command line of the docs and results pages is given to
+    that module's own argument parser (which then stops the run): a renamed or removed
+    flag on any page fails here."""
+    import argparse
+    import importlib
+
+    original = argparse.ArgumentParser.parse_args
+
+    def parse(self, args=None, namespace=None):
+        original(self, args, namespace)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse)
+    pages = PAGES + [os.path.join("results", f) for f in os.listdir(os.path.join(ROOT, "results"))
+                     if f.endswith(".md")]  # fmt: skip
+    checked = 0
+    for page in pages:
+        for module, argv in _commands(open(os.path.join(ROOT, page)).read(), "rope_jax"):
+            main = getattr(importlib.import_module(module), "main", None)
+            if main is None or module == "rope_jax.hf":  # absl flags: tests/hf_test.py
+                continue
+            if all(a.endswith("=...") for a in argv):  # a name in prose, not a command line
+                continue
+            try:
+                main(argv)
+            except _Parsed:
+                checked += 1
+                continue
+            except SystemExit as e:
+                pytest.fail(f"{page}: python -m {module} {' '.join(argv)}: exit {e.code}")
+            pytest.fail(f"{page}: python -m {module} ran without parsing its flags")
+    assert checked > 20
+
+
+def test_every_train_command_on_every_page_names_real_config_fields():
+    """`python train.py --config=FILE:ARG --config.a.b=...` on any page: the file's
+    get_config(ARG) works and every overridden field exists."""
+    from rope_jax import defaults
+
+    pages = PAGES + [os.path.join("results", f) for f in os.listdir(os.path.join(ROOT, "results"))
+                     if f.endswith(".md")]  # fmt: skip
+    checked = 0
+    for page in pages:
+        text = re.sub(r"\\\n\s*", " ", open(os.path.join(ROOT, page)).read())
+        for line in re.findall(r"python3? train\.py ([^`\n]*)", text):
+            spec = re.search(r"--config=([\w/]+\.py)(?::([\w=,.]*))?", line)
+            if spec is None or re.search(r"=[A-Z]+\b", spec.group(2) or ""):  # ROW: a placeholder
+                continue
+            module = defaults.load_module(os.path.join(ROOT, spec.group(1)))
+            fields = _leaves(defaults.fill(module.get_config(spec.group(2) or None)))
+            for field in re.findall(r"--config\.([\w.]+)=", line):
+                assert field in fields, f"{page}: python train.py ... --config.{field}"
+            checked += 1
+    assert checked > 5
+
+
+def _leaves(config, prefix=""):
+    out = set()
+    for key, value in config.items():
+        if hasattr(value, "items"):
+            out |= _leaves(value, f"{prefix}{key}.")
+        else:
+            out.add(f"{prefix}{key}")
+    return out
