@@ -32,8 +32,32 @@ from rope_jax.data.tokenizer import EOS_ID, PAD_ID
 READ_OPTIONS = grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)
 
 
+class TokenArray:
+    """A window source over a token stream held in memory (a raw split's bytes): window i
+    is stream[i*T : i*T + T + 1], PAD past the end; documents end with EOS."""
+
+    def __init__(self, tokens: np.ndarray):
+        self.tokens = tokens
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def windows(self, rows: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
+        """`tokens` int32 [B, T+1] and `valid` bool [B, T+1] of windows `rows`; `bytes`
+        (1 for a byte id, 0 for EOS and padding). Segments follow from EOS (`Windows`)."""
+        n = len(self.tokens)
+        pos = rows[:, None] * seq_len + np.arange(seq_len + 1)[None, :]  # [B, T+1]
+        valid = pos < n
+        tokens = np.where(valid, self.tokens[np.minimum(pos, n - 1)], PAD_ID).astype(np.int32)
+        return {"tokens": tokens, "valid": valid,
+                "bytes": ((tokens < 256) & valid).astype(np.int32)}  # fmt: skip
+
+
 class Windows:
-    """Grain map: window indices [process_count * B] -> a batch dict of [B, T] arrays.
+    """Grain map: window indices [process_count * B] -> a batch dict of [B, T] arrays, from
+    any window source (`TokenArray` in memory, `shards.TokenSplit` on disk): its
+    `windows(rows, T)` gives tokens, valid and bytes [B, T+1], and, for a source that
+    knows its documents, segment_ids and positions (else they follow from EOS).
 
     With `shard=(index, count)` the indices are a global batch for `count` processes and
     this process keeps its contiguous block of B rows, number `index`. With
@@ -41,10 +65,10 @@ class Windows:
     its answer targets weighted `weight` (`passkey.insert`, training only).
     """
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, shard: tuple[int, int] = (0, 1), *,
+    def __init__(self, source, seq_len: int, shard: tuple[int, int] = (0, 1), *,
                  packing_mode: str = "stream", target_bytes: bool = False,
                  passkey: tuple[float, int, float] = (0.0, 0, 1.0)):  # fmt: skip
-        self.tokens = tokens
+        self.source = TokenArray(source) if isinstance(source, np.ndarray) else source
         self.seq_len = seq_len
         self.shard = shard
         self.packing_mode, self.target_bytes = packing_mode, target_bytes
@@ -52,15 +76,13 @@ class Windows:
 
     def __call__(self, indices) -> dict[str, np.ndarray]:
         index, count = self.shard
-        indices = np.asarray(indices, dtype=np.int64).reshape(count, -1)[index]
-        n, t = len(self.tokens), self.seq_len
-        pos = indices[:, None] * t + np.arange(t + 1)[None, :]  # [B, T+1]
-        valid = pos < n
-        window = np.where(valid, self.tokens[np.minimum(pos, n - 1)], PAD_ID).astype(np.int32)
+        rows = np.asarray(indices, dtype=np.int64).reshape(count, -1)[index]
+        w = self.source.windows(rows, self.seq_len)
+        window, valid = w["tokens"], w["valid"]
         rate, seed, weight = self.passkey
         examples = None
         if rate > 0:  # training windows: always whole (valid everywhere)
-            window, examples = passkey.insert(window, indices, rate=rate, seed=seed)
+            window, examples = passkey.insert(window, rows, rate=rate, seed=seed)
         batch = {
             "inputs": np.ascontiguousarray(window[:, :-1]),
             "targets": np.ascontiguousarray(window[:, 1:]),
@@ -68,10 +90,12 @@ class Windows:
         }
         if examples is not None and weight != 1:
             batch["weights"][examples, -passkey.DIGITS :] = weight
-        if self.packing_mode == "documents":
+        if self.packing_mode == "documents" and "segment_ids" in w:
+            batch.update(packing.fields(w["segment_ids"][:, :-1], w["positions"][:, :-1]))
+        elif self.packing_mode == "documents":
             batch.update(packing.from_stream(batch["inputs"], valid[:, :-1], EOS_ID))
         if self.target_bytes:
-            batch["target_bytes"] = ((batch["targets"] < 256) & valid[:, 1:]).astype(np.int32)
+            batch["target_bytes"] = np.ascontiguousarray(w["bytes"][:, 1:])
         return batch
 
 

@@ -25,7 +25,6 @@ import json
 import os
 
 import grain
-import numpy as np
 import tensorflow_datasets as tfds
 
 from rope_jax.data import packing, pipeline, readers, shards, sources, tokenizers
@@ -261,37 +260,6 @@ def _stamp(file: str) -> list[int]:
 # ---------------------------------------------------------------------------- batches
 
 
-class Windows:
-    """Grain map: window indices [process_count * B] -> this process's batch of B rows.
-
-    Fields as `pipeline.Windows`: inputs, targets, weights [B, T]; with `packing`
-    'documents' also segments [B, T] and positions [B, T, 1] (restarting at every
-    document); with `target_bytes` the UTF-8 bytes of every target [B, T] (bits/byte).
-    """
-
-    def __init__(self, split: shards.TokenSplit, seq_len: int, *, shard=(0, 1),
-                 packing_mode: str = "stream", target_bytes: bool = False):  # fmt: skip
-        self.split, self.seq_len, self.shard = split, seq_len, shard
-        self.packing_mode, self.target_bytes = packing_mode, target_bytes
-
-    def __call__(self, indices) -> dict[str, np.ndarray]:
-        index, count = self.shard
-        rows = np.asarray(indices, dtype=np.int64).reshape(count, -1)[index]
-        examples = [self.split.example(int(i), self.seq_len) for i in rows]
-        batch = {
-            "inputs": np.stack([e["inputs"] for e in examples]),
-            "targets": np.stack([e["targets"] for e in examples]),
-            "weights": np.stack([e["weights"] for e in examples]),
-        }
-        if self.packing_mode == "documents":
-            segments = np.stack([e["segment_ids"] for e in examples])
-            positions = np.stack([e["positions"] for e in examples])
-            batch.update(packing.fields(segments, positions))
-        if self.target_bytes:
-            batch["target_bytes"] = np.stack([e["target_bytes"] for e in examples])
-        return batch
-
-
 def train_iterator(data_config, path: str, *, seed: int, batch_size: int, shard):
     """Shuffled full windows of the train split, a new permutation per epoch, forever."""
     seq_len = int(data_config.seq_len)
@@ -302,7 +270,7 @@ def train_iterator(data_config, path: str, *, seed: int, batch_size: int, shard)
             f"the train split of {path} has {len(split)} tokens, fewer than "
             f"data.seq_len + 1 = {seq_len + 1}"
         )
-    windows = Windows(split, seq_len, shard=shard, packing_mode=packing.mode(data_config))
+    windows = pipeline.Windows(split, seq_len, shard=shard, packing_mode=packing.mode(data_config))
     return pipeline.shuffled_batches(num_windows, windows, seed=seed, batch_size=batch_size,
                                      shard=shard, options=READ_OPTIONS)  # fmt: skip
 
@@ -311,7 +279,7 @@ def eval_iterator(data_config, path: str, *, split: str, batch_size: int, seq_le
                   num_batches: int | None, shard, spread: bool = False):  # fmt: skip
     """Every window of a split once, in order, padded to whole batches, with target bytes."""
     reader = open_split(path, split)
-    windows = Windows(reader, seq_len, shard=shard, packing_mode=packing.mode(data_config),
+    windows = pipeline.Windows(reader, seq_len, shard=shard, packing_mode=packing.mode(data_config),
                       target_bytes=True)  # fmt: skip
     return pipeline.ordered_batches(reader.num_windows(seq_len, partial=True), windows,
                                     batch_size=batch_size, shard=shard,

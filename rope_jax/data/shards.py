@@ -369,6 +369,14 @@ class TokenSplit:
         """Tokens int32 [T+1] of window i: stream[i*T : i*T + T + 1], PAD past the end."""
         return self.read(i * seq_len, i * seq_len + seq_len + 1)["tokens"]
 
+    def windows(self, rows: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
+        """Windows `rows` as the window source of `pipeline.Windows`: `tokens`,
+        `segment_ids`, `positions`, `bytes` and `valid` (bool), each [B, T+1]."""
+        reads = [self.read(int(i) * seq_len, int(i) * seq_len + seq_len + 1) for i in rows]
+        out = {key: np.stack([r[key] for r in reads]) for key in reads[0]}
+        out["valid"] = rows[:, None] * seq_len + np.arange(seq_len + 1)[None, :] < len(self)
+        return out
+
     def example(self, i: int, seq_len: int) -> dict[str, np.ndarray]:
         """Window i as a training example, every field [T]: `inputs`, `targets` (int32),
         `weights` (float32, 0 on padding), `segment_ids`, `positions` (of the inputs),
