@@ -187,15 +187,34 @@ def _kind_of_resolved(data_config) -> Text | Prepared | Multimodal:
 
 
 def _kind(data_config) -> Text | Prepared | Multimodal:
-    if data_config.name in multimodal.FAMILIES and not data_config.files:
-        if prepared.tokenizer_spec(data_config) not in ("", "bytes"):
-            raise ValueError(
-                f"data.tokenizer={prepared.tokenizer_spec(data_config)!r}: multimodal data "
-                f"{data_config.name!r} is byte-level; leave data.tokenizer empty"
-            )
-        return Multimodal(data_config)
+    for of in KINDS:
+        found = of(data_config)
+        if found is not None:
+            return found
+    raise AssertionError("unreachable: Text, the last kind, takes every config")
+
+
+def _multimodal(data_config) -> Multimodal | None:
+    """A digit-grid family named by `data.name` (not `data.files`)."""
+    if data_config.name not in multimodal.FAMILIES or data_config.files:
+        return None
+    if prepared.tokenizer_spec(data_config) not in ("", "bytes"):
+        raise ValueError(
+            f"data.tokenizer={prepared.tokenizer_spec(data_config)!r}: multimodal data "
+            f"{data_config.name!r} is byte-level; leave data.tokenizer empty"
+        )
+    return Multimodal(data_config)
+
+
+def _prepared(data_config) -> Prepared | None:
+    """A prepared dataset: named, or a raw source with a `data.tokenizer` (auto)."""
     path = prepared.dataset_path(data_config)
-    return Text(data_config) if path is None else Prepared(data_config, path)
+    return None if path is None else Prepared(data_config, path)
+
+
+# The data kinds, asked in order; the first that takes the config is its kind. A new kind
+# is a class with the methods of `Text` and one entry here.
+KINDS = (_multimodal, _prepared, Text)
 
 
 def check_scheme(data_config) -> None:
