@@ -259,3 +259,30 @@ def test_batch_not_divisible_by_data_parallel_size_is_named(data_dir):
         harness.check_batch_fits_mesh(tiny(data_dir), FakeMesh())
     ok = tiny(data_dir, **{"data.global_batch_size": 12, "eval.batch_size": 6})
     harness.check_batch_fits_mesh(ok, FakeMesh())
+
+
+def test_a_run_checks_its_config_once_and_saves_it_resolved(data_dir, tmp_path, monkeypatch):
+    """The config is resolved at the entry: every rule runs once per run (the model's
+    included), and config.json holds every field, filled from the defaults."""
+    from rope_jax.harness import checks, runfiles
+    from rope_jax.nn import model as model_lib
+
+    calls = {"config": 0, "model": 0}
+    check_config, check_model = checks.check_config, model_lib.check_config
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(checks, "check_config", counted("config", check_config))
+    monkeypatch.setattr(model_lib, "check_config", counted("model", check_model))
+    config = tiny(data_dir)
+    del config.model["remat"], config.train["microbatches"]  # read as their defaults
+    harness.train_and_evaluate(config, str(tmp_path))
+    assert calls == {"config": 1, "model": 1}
+    with open(os.path.join(tmp_path, runfiles.CONFIG_FILE)) as f:
+        saved = json.load(f)  # as written, not as filled on reading
+    assert saved["model"]["remat"] == "none" and saved["train"]["microbatches"] == 1
