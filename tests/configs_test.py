@@ -93,7 +93,6 @@ def test_precision_rows_change_only_the_compute_dtype():
 
 def test_eval_sample_is_checked_once_at_resolve():
     from configs import multimodal
-
     from rope_jax.harness import checks
 
     config = lm.get_config("size=tiny")

@@ -861,6 +861,7 @@ def test_a_full_disk_while_preparing_is_one_line_and_the_same_command_resumes(
     tmp_path, mounts, monkeypatch
 ):
     from rope_jax.data import preparation as prepare
+    from rope_jax.data.preparation import space
 
     source = _text_corpus(tmp_path / "corpus")  # ~1 MB of text: 5 train shards of ~100 KiB
     disk = mounts.tmpfs_or_skip(tmp_path / "disk", 256 << 10)
@@ -880,7 +881,7 @@ def test_a_full_disk_while_preparing_is_one_line_and_the_same_command_resumes(
     assert "train-00000.json" in done  # the shards written before are kept
 
     # A write that runs out of space (the check bypassed, as if the disk filled meanwhile).
-    monkeypatch.setattr(prepare.Space, "check", lambda self, split, stem: None)
+    monkeypatch.setattr(space.Space, "check", lambda self, split, stem: None)
     settings = prepare.Settings(source=source, tokenizer="bytes", shard_tokens=200_000)
     with pytest.raises(prepare.OutOfSpace) as info:
         prepare.prepare(settings, "x", disk, progress=False)
