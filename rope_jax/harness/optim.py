@@ -1,12 +1,14 @@
 """The optimiser: one registry of learning-rate schedules, one of update rules.
 
 `config.optim.schedule` and `config.optim.name` pick an entry of `SCHEDULES` and
-`OPTIMIZERS`; `make_optimizer` chains global-norm clipping in front when asked.
+`OPTIMIZERS`; `make_optimizer` chains global-norm clipping in front when asked
+(`clip_by_global_norm`: optax's numbers, without a materialised copy of the gradients).
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from rope_jax.learned import PARAM_NAMES
@@ -50,5 +52,24 @@ def make_optimizer(optim_cfg, num_steps: int) -> optax.GradientTransformation:
     lr = SCHEDULES[optim_cfg.schedule](optim_cfg.lr, optim_cfg.warmup_steps, num_steps)
     tx = OPTIMIZERS[optim_cfg.name](optim_cfg, lr)
     if optim_cfg.grad_clip_norm:
-        tx = optax.chain(optax.clip_by_global_norm(optim_cfg.grad_clip_norm), tx)
+        tx = optax.chain(clip_by_global_norm(optim_cfg.grad_clip_norm), tx)
     return tx
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """`optax.clip_by_global_norm`, the same numbers and state, written so that XLA fuses
+    the scaling into the optimiser's update: optax picks each array with a `select` between
+    it and its scaled copy, which XLA:CPU materialises (a second gradient-sized buffer,
+    0.7 GiB at 4 layers of the 1b preset); here each array is divided and multiplied by
+    scalars that are 1 when no clipping is needed (t / 1 * 1 = t, exactly), else by
+    optax's (t / norm) * max_norm."""
+
+    def update(updates, state, params=None):
+        del params
+        norm = optax.tree.norm(updates)
+        keep = norm < max_norm  # as optax: a NaN norm clips (to NaN)
+        divisor, factor = jnp.where(keep, 1.0, norm), jnp.where(keep, 1.0, max_norm)
+        scaled = jax.tree.map(lambda t: (t / divisor.astype(t.dtype)) * factor, updates)
+        return scaled, state
+
+    return optax.GradientTransformation(optax.init_empty_state, update)
