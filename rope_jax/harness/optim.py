@@ -56,6 +56,11 @@ def make_optimizer(optim_cfg, num_steps: int) -> optax.GradientTransformation:
     return tx
 
 
+# optax >= 0.2.5 names it tree.norm (global_norm is deprecated there); older optax, as an
+# accelerator image may hold, has only global_norm
+_global_norm = getattr(getattr(optax, "tree", None), "norm", None) or optax.global_norm
+
+
 def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
     """`optax.clip_by_global_norm`, the same numbers and state, written so that XLA fuses
     the scaling into the optimiser's update: optax picks each array with a `select` between
@@ -66,7 +71,7 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
 
     def update(updates, state, params=None):
         del params
-        norm = optax.tree.norm(updates)
+        norm = _global_norm(updates)
         keep = norm < max_norm  # as optax: a NaN norm clips (to NaN)
         divisor, factor = jnp.where(keep, 1.0, norm), jnp.where(keep, 1.0, max_norm)
         scaled = jax.tree.map(lambda t: (t / divisor.astype(t.dtype)) * factor, updates)
