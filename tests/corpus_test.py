@@ -332,3 +332,14 @@ def test_one_file_is_cut_the_same_way_raw_and_prepared(tmp_path):
     for split in ("train", "validation", "test"):
         raw = [d.decode("utf-8") for d in data.documents(config.data, split)]
         assert len(raw) == 1 and raw == _prepared_documents(str(tmp_path / "out" / "one"), split)
+
+
+@pytest.mark.slow  # compiles the step
+def test_the_dry_run_counts_the_head_of_the_data_s_vocabulary(data_root):
+    from rope_jax.harness import flops
+
+    config = _config(data_root, "bpe")
+    report = setup.dry_run(config)
+    settled = checks.settle_vocab(config)
+    assert settled.model.vocab_size != data.VOCAB_SIZE == config.model.vocab_size
+    assert report["flops_per_token"] == flops.flops_per_token(settled)

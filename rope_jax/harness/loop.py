@@ -57,8 +57,9 @@ class NonFiniteLoss(RuntimeError):
 
 
 def print_dry_run(config) -> dict:
-    # init_from=hf:DIR: the checkpoint's architecture; then filled, checked and frozen, once
-    config = checks.resolve(transfer.prepare(config))
+    # init_from=hf:DIR: the checkpoint's architecture; then filled, checked and frozen once,
+    # with the data's vocabulary (the plan's FLOPs count its head)
+    config = checks.settle_vocab(transfer.prepare(config))
     report = setup.dry_run(config)
     gib = 2.0**30
     print(f"parameters: {report['parameters']:,}  devices: {report['devices']}  "

@@ -94,7 +94,7 @@ def evaluate(run: Setup, params, config, *, split: str, seq_len: int | None = No
 def dry_run(config) -> dict:
     """Parameter count, per-device bytes (eval_shape + XLA memory analysis) and the model
     FLOPs of the run (`harness.flops`: per token, and for the token budget); no arrays."""
-    config = checks.resolve(config)
+    config = checks.settle_vocab(config)  # the FLOPs count the data's vocabulary
     run = build(config)
     extra = data.kind(config.data).batch_fields()
     batch = feed.abstract_batch(
