@@ -13,6 +13,7 @@ Experiment configs (`configs/common.py`) start from `config()` and set a size pr
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 import re
@@ -66,11 +67,12 @@ def load_module(path: str):
     return module
 
 
-def migrate(raw: dict) -> dict:
-    """A config dict saved before the layout scheme moved to `data.scheme` and the number
-    of position axes became the data's: moves `model.rope.scheme`, drops `num_axes`.
-    (Fields added since a run was saved need nothing: `fill` gives them their defaults,
-    which are the values those runs used.)"""
+def migrate(raw) -> dict:
+    """A config (dict or ConfigDict, left as it is) saved before the layout scheme moved
+    to `data.scheme` and the number of position axes became the data's, as a dict with
+    `model.rope.scheme` moved and `num_axes` dropped. (Fields added since a run was saved
+    need nothing: `fill` gives them their defaults, which are the values those runs used.)"""
+    raw = copy.deepcopy(_plain(raw))
     rope = raw.get("model", {}).get("rope", {})
     scheme = rope.pop("scheme", None)
     rope.pop("num_axes", None)

@@ -139,13 +139,12 @@ def ordered_batches(num_windows: int, windows, *, batch_size: int, shard, num_ba
     with `spread` that many batches of windows evenly spaced through the split."""
     global_batch = batch_size * shard[1]
     if spread and num_batches is not None and num_batches * global_batch < num_windows:
-        want = num_batches * global_batch
-        picks = (np.arange(want, dtype=np.int64) * num_windows // want).tolist()
-        return (
-            grain.MapDataset.source(picks).batch(global_batch).map(windows).to_iter_dataset(options)
-        )
-    rows = -(-num_windows // global_batch) * global_batch
-    ds = grain.MapDataset.range(rows).batch(global_batch).map(windows)
+        want = num_batches * global_batch  # windows evenly through the split
+        picks = np.arange(want, dtype=np.int64) * num_windows // want
+        ds = grain.MapDataset.source(picks.tolist())
+    else:
+        ds = grain.MapDataset.range(-(-num_windows // global_batch) * global_batch)
+    ds = ds.batch(global_batch).map(windows)
     if num_batches is not None:
         ds = ds[:num_batches]
     return ds.to_iter_dataset(options)

@@ -26,8 +26,7 @@ def resolve(config) -> ml_collections.FrozenConfigDict:
     frozen config is taken as resolved and returned as it is."""
     if isinstance(config, ml_collections.FrozenConfigDict):
         return config
-    raw = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
-    filled = defaults.fill(defaults.migrate(raw))
+    filled = defaults.fill(defaults.migrate(config))
     check_config(filled)
     return ml_collections.FrozenConfigDict(filled)
 
