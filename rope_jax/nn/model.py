@@ -62,13 +62,14 @@ def _choice(field: str, value: Any, allowed) -> None:
         _fail(field, value, f"must be one of {', '.join(map(repr, allowed))}")
 
 
-def check_config(cfg, num_axes: int = 1, *, train_seq_len: int | None = None) -> None:
-    """Raises ValueError naming the field, its value and what is allowed.
+def check_config(cfg, num_axes: int = 1, *, train_seq_len: int | None = None):
+    """The section filled and checked; ValueError naming the field, its value and what is
+    allowed.
 
     `num_axes` is the data's number of position axes (the rotation sections need one
     entry per axis); `train_seq_len` the training length (the default of
-    `model.rope.max_position_embeddings`). A partial section is checked as filled from
-    `rope_jax.defaults`.
+    `model.rope.max_position_embeddings`). A partial section is filled from
+    `rope_jax.defaults`; the filled one is returned.
     """
     cfg = defaults.fill_model(cfg)
     for field in (*_SIZES, "mlp_dim"):
@@ -105,6 +106,7 @@ def check_config(cfg, num_axes: int = 1, *, train_seq_len: int | None = None) ->
              sites_field="model.rope.sites")  # fmt: skip
     layer_rotations(cfg, num_axes, train_seq_len=train_seq_len)
     _check_learned(cfg, rotation(cfg, num_axes, train_seq_len=train_seq_len))
+    return cfg
 
 
 def _check_learned(cfg, spec: rotary.RopeSpec) -> None:
@@ -300,8 +302,7 @@ class Decoder(nnx.Module):
 
     def __init__(self, cfg, *, num_axes: int = 1, train_seq_len: int | None = None, rngs: nnx.Rngs):
         if not isinstance(cfg, ml_collections.FrozenConfigDict):  # frozen = resolved: checked
-            cfg = defaults.fill_model(cfg)
-            check_config(cfg, num_axes, train_seq_len=train_seq_len)
+            cfg = check_config(cfg, num_axes, train_seq_len=train_seq_len)
         ropes = layer_rotations(cfg, num_axes, train_seq_len=train_seq_len)  # checked once
         self.num_axes = num_axes
         self.remat, self.patch_dim = cfg.remat, cfg.patch_dim
