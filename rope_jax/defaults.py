@@ -92,6 +92,11 @@ def _plain(tree) -> dict:
     return dict(tree)
 
 
+def _tuples(value):
+    """Lists (JSON's, or a caller's) as tuples, at any depth: configs hold tuples."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list | tuple) else value
+
+
 def _overlay(node: ml_collections.ConfigDict, values: Mapping, prefix: str) -> None:
     for key, value in values.items():
         field = f"{prefix}{key}"
@@ -104,7 +109,7 @@ def _overlay(node: ml_collections.ConfigDict, values: Mapping, prefix: str) -> N
             _overlay(node[key], _plain(value), f"{field}.")
             continue
         try:
-            node[key] = tuple(value) if isinstance(value, list) else value
+            node[key] = _tuples(value)
         except TypeError as e:
             raise ValueError(f"config field {field}={value!r}: {e}") from None
 

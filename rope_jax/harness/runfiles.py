@@ -53,7 +53,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
     try:
-        return defaults.fill(defaults.migrate(_tuples(raw)))
+        return defaults.fill(defaults.migrate(raw))
     except ValueError as e:
         raise CheckpointError(f"{path}: {e}") from None
 
@@ -90,12 +90,3 @@ def check_tokenizer(workdir: str, tok: tokenizers.Tokenizer) -> None:
             f"{workdir!r} was trained with tokenizer {saved.name} ({saved.vocab_size} ids) "
             f"but the data's is {tok.name} ({tok.vocab_size} ids)"
         )
-
-
-def _tuples(tree):
-    """JSON lists back to tuples (configs hold tuples: sections, mesh shape, ...)."""
-    if isinstance(tree, dict):
-        return {k: _tuples(v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return tuple(_tuples(v) for v in tree)
-    return tree
