@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 
+import jax
 import pytest
 
 from rope_jax import data
@@ -48,14 +49,24 @@ def no_network():
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_compilation_cache(tmp_path_factory):
-    """One persistent XLA compilation cache for the session's subprocesses: the many
-    tiny train.py / eval.py / sweep runs of the same shapes compile each program once
-    (a cached executable is the one a compile would give: results do not change)."""
+    """One persistent XLA compilation cache per test worker, for the worker's own process
+    and its subprocesses: the many tiny train.py / eval.py / sweep runs and in-process
+    `train_and_evaluate` calls of the same shapes compile each program once (a cached
+    executable is the one a compile would give: results do not change). Not shared between
+    workers: JAX's cache files are not written atomically, and a worker reading another's
+    half-written entry recompiles with a warning."""
     path = str(tmp_path_factory.mktemp("jax_cache"))
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+             "jax_persistent_cache_min_entry_size_bytes")  # fmt: skip
+    before = {name: getattr(jax.config, name) for name in names}
+    for name, value in zip(names, (path, 0.0, 0), strict=True):
+        jax.config.update(name, value)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("JAX_COMPILATION_CACHE_DIR", path)
-        mp.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+        mp.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
         yield path
+    for name, value in before.items():
+        jax.config.update(name, value)
 
 
 @pytest.fixture(scope="session")
