@@ -15,6 +15,7 @@ import subprocess
 
 import jax
 import pytest
+from jax.experimental.compilation_cache import compilation_cache
 
 from rope_jax import data
 from tests.slurm_helpers import JOB_NAME, ROOT
@@ -61,12 +62,14 @@ def shared_compilation_cache(tmp_path_factory):
     before = {name: getattr(jax.config, name) for name in names}
     for name, value in zip(names, (path, 0.0, 0), strict=True):
         jax.config.update(name, value)
+    compilation_cache.reset_cache()  # JAX opens its cache once: reopened at `path`
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("JAX_COMPILATION_CACHE_DIR", path)
         mp.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
         yield path
     for name, value in before.items():
         jax.config.update(name, value)
+    compilation_cache.reset_cache()
 
 
 @pytest.fixture(scope="session")

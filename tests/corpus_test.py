@@ -20,7 +20,7 @@ import rope_jax.data.preparation as prep
 from configs import lm
 from rope_jax import data
 from rope_jax.data import packing, prepared, shards, tokenizers
-from rope_jax.harness import checkpoint, checks, runfiles, setup
+from rope_jax.harness import checkpoint, checks, flops, runfiles, setup
 from rope_jax.nn import model as model_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -336,8 +336,6 @@ def test_one_file_is_cut_the_same_way_raw_and_prepared(tmp_path):
 
 @pytest.mark.slow  # compiles the step
 def test_the_dry_run_counts_the_head_of_the_data_s_vocabulary(data_root):
-    from rope_jax.harness import flops
-
     config = _config(data_root, "bpe")
     report = setup.dry_run(config)
     settled = checks.settle_vocab(config)

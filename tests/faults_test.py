@@ -24,7 +24,6 @@ import time
 
 import jax
 import pytest
-from jax.experimental.compilation_cache import compilation_cache
 
 import eval as eval_lib
 import train
@@ -45,22 +44,13 @@ ABSL_LOG_LINE = re.compile(r"^[IWEF]\d{4} |^(INFO|WARNING|ERROR):absl:")
 
 
 @pytest.fixture(scope="module")
-def cache_env(tmp_path_factory):
-    """A persistent compilation cache for this module (restored afterwards), and the
-    environment that points subprocesses at it (with a fast, low-optimisation XLA)."""
-    path = str(tmp_path_factory.mktemp("xla_cache"))
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-             "jax_persistent_cache_min_entry_size_bytes")  # fmt: skip
-    before = {name: getattr(jax.config, name) for name in names}
-    for name, value in zip(names, (path, 0.0, 0), strict=True):
-        jax.config.update(name, value)
-    compilation_cache.reset_cache()
+def cache_env(shared_compilation_cache):
+    """The environment of this module's subprocesses: the worker's compilation cache
+    (conftest's, which this process uses too) and a fast, low-optimisation XLA."""
     xla_flags = (os.environ.get("XLA_FLAGS", "") + " " + FAST_XLA).strip()
-    yield dict(os.environ, JAX_COMPILATION_CACHE_DIR=path, XLA_FLAGS=xla_flags,
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", PYTHONUNBUFFERED="1")  # fmt: skip
-    for name, value in before.items():
-        jax.config.update(name, value)
-    compilation_cache.reset_cache()
+    return dict(os.environ, JAX_COMPILATION_CACHE_DIR=shared_compilation_cache,
+                XLA_FLAGS=xla_flags, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                PYTHONUNBUFFERED="1")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
