@@ -36,7 +36,6 @@ from tests.train_test import tiny
 pytestmark = pytest.mark.xdist_group("faults")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAST_XLA = "--xla_backend_optimization_level=0"  # compiles in half the time
 ABSL_LOG_LINE = re.compile(r"^[IWEF]\d{4} |^(INFO|WARNING|ERROR):absl:")
 
 
@@ -45,12 +44,9 @@ ABSL_LOG_LINE = re.compile(r"^[IWEF]\d{4} |^(INFO|WARNING|ERROR):absl:")
 
 @pytest.fixture(scope="module")
 def cache_env(shared_compilation_cache):
-    """The environment of this module's subprocesses: the worker's compilation cache
-    (conftest's, which this process uses too) and a fast, low-optimisation XLA."""
-    xla_flags = (os.environ.get("XLA_FLAGS", "") + " " + FAST_XLA).strip()
-    return dict(os.environ, JAX_COMPILATION_CACHE_DIR=shared_compilation_cache,
-                XLA_FLAGS=xla_flags, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                PYTHONUNBUFFERED="1")  # fmt: skip
+    """The environment of this module's subprocesses: the worker's (conftest sets the
+    compilation cache and the XLA flags of every test process), output unbuffered."""
+    return dict(os.environ, PYTHONUNBUFFERED="1")
 
 
 @pytest.fixture(scope="module")

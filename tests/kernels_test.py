@@ -52,11 +52,6 @@ GRID_PARAMS = [
                  marks=() if (c.name, d) in QUICK else pytest.mark.slow)
     for c, d in GRID
 ]  # fmt: skip
-# Tiny programs: compile time dominates, so compile the test's jits without optimizations.
-jit = functools.partial(
-    jax.jit,
-    compiler_options=dict(xla_backend_optimization_level=0, xla_llvm_disable_expensive_passes=True),
-)
 
 
 def make_segments(case: Case):
@@ -128,7 +123,7 @@ def run(case: Case, impl: str, dtype: str):
     """(out, (dq, dk, dv)) as float32 numpy, from one jitted value_and_grad."""
     q, k, v, *_ = inputs(case, dtype)
     grad = jax.value_and_grad(loss_fn(case, impl), argnums=(0, 1, 2), has_aux=True)
-    (_, out), grads = jit(grad)(q, k, v, jnp.int32(case.offset or 0))
+    (_, out), grads = jax.jit(grad)(q, k, v, jnp.int32(case.offset or 0))
     assert out.dtype == jnp.float32
     assert [g.dtype for g in grads] == [q.dtype] * 3
     return np.asarray(out), [np.asarray(g, np.float32) for g in grads]
@@ -219,7 +214,7 @@ def test_chunked_block_sizes(block):
     case = CASE["everything"]._replace(t=7, s=11, offset=2)
     q, k, v, *_ = inputs(case, "float32")
     want = run(case, "xla", "float32")[0]
-    got = jit(mix_fn(case, "chunked", block))(q, k, v, 2)
+    got = jax.jit(mix_fn(case, "chunked", block))(q, k, v, 2)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 

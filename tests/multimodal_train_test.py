@@ -18,7 +18,6 @@ from rope_jax.harness import metrics
 pytestmark = pytest.mark.slow  # end-to-end training runs and a sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAST_XLA = {"XLA_FLAGS": "--xla_backend_optimization_level=0"}
 TINY = {"model.num_layers": 1, "model.embed_dim": 32, "model.num_heads": 2,
         "model.num_kv_heads": 1, "model.head_dim": 16, "model.mlp_dim": 64,
         "data.global_batch_size": 8, "train.num_steps": 6, "train.log_every_steps": 3,
@@ -95,7 +94,7 @@ def test_sweep_scores_rows_by_answer_accuracy_on_each_split(data_dir, tmp_path):
     argv = ["--config=configs/multimodal.py", f"--workdir={workdir}", "--rows=nope,rope_tv",
             f"--results={tmp_path}/table", "--set", ",".join(f"{k}={v}" for k, v in TINY.items()),
             "--set", f"data.data_dir={data_dir}"]  # fmt: skip
-    env = dict(os.environ, **FAST_XLA)
+    env = dict(os.environ)
     cmd = [sys.executable, "-m", "rope_jax.experiments.sweep", *argv]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]

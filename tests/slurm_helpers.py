@@ -13,8 +13,12 @@ from rope_jax.harness import checkpoint, runfiles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB_NAME = "rope_jax_slurm_test"  # the srun steps of the tests; cancelled after the module
-# Each process: N CPU devices; XLA at a low optimisation level compiles in half the time.
-XLA_FLAGS = "--xla_force_host_platform_device_count={} --xla_backend_optimization_level=0"
+
+
+def xla_flags(devices: int) -> str:
+    """XLA_FLAGS of a process with `devices` CPU devices (and the tests' own flags)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    return f"{flags} --xla_force_host_platform_device_count={devices}".strip()
 
 
 def wait_for_idle_node(timeout: float = 300) -> None:
@@ -36,7 +40,7 @@ def run_env(cache: str, devices: int) -> dict:
     """The environment of a run: no SLURM variables of an enclosing job, the persistent
     compilation cache `cache`, unbuffered output, `devices` CPU devices per process."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    return dict(base, JAX_PLATFORMS="cpu", XLA_FLAGS=XLA_FLAGS.format(devices),
+    return dict(base, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(devices),
                 JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                 PYTHONUNBUFFERED="1")  # fmt: skip
 

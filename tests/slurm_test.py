@@ -35,7 +35,7 @@ import numpy as np
 import pytest
 
 from rope_jax.harness import distributed, metrics
-from tests.slurm_helpers import JOB_NAME, ROOT, XLA_FLAGS, final_params, run_env, wait_for_idle_node
+from tests.slurm_helpers import JOB_NAME, ROOT, final_params, run_env, wait_for_idle_node, xla_flags
 
 # One test worker runs both SLURM modules, one after the other: they share the cluster.
 pytestmark = pytest.mark.xdist_group("slurm")
@@ -112,7 +112,7 @@ def one_process(data_dir, env, tmp_path_factory):
     """A finished single-process run with the same global batch on 4 devices."""
     workdir = str(tmp_path_factory.mktemp("one") / "run")
     proc = run([sys.executable, "train.py", *train_flags(data_dir, workdir)],
-               dict(env, XLA_FLAGS=XLA_FLAGS.format(4)))  # fmt: skip
+               dict(env, XLA_FLAGS=xla_flags(4)))  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return workdir
 

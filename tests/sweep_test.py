@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 
-import jax
 import pytest
 from ml_collections.config_flags import tuple_parser
 
@@ -27,8 +26,6 @@ TINY = ("model.num_layers=1,model.embed_dim=32,model.num_heads=2,model.num_kv_he
         "train.num_steps=10,train.log_every_steps=5,train.eval_every_steps=5,"
         "train.ckpt_every_steps=5,eval.num_batches=1,eval.batch_size=8")  # fmt: skip
 RUNS = [("nope", 0), ("nope", 1), ("vo", 0), ("vo", 1)]
-# Runs compile in half the time; the sweep machinery is under test here, not XLA's optimiser.
-FAST_XLA = {"XLA_FLAGS": "--xla_backend_optimization_level=0"}
 
 
 def test_mean_std_and_ranks():
@@ -169,11 +166,8 @@ def test_results_of_another_plan_are_never_overwritten(tmp_path):
         sweep.check_results(results, runs, other)
 
 
-def _main(argv, capsys, monkeypatch=None):
+def _main(argv, capsys):
     """sweep.main in-process: (exit message or None, stdout, stderr, seconds)."""
-    if monkeypatch:  # for the runs it launches; this process's backend starts unchanged first
-        jax.devices()
-        monkeypatch.setenv("XLA_FLAGS", FAST_XLA["XLA_FLAGS"])
     start, message = time.time(), None
     try:
         sweep.main(argv)
@@ -232,10 +226,10 @@ def test_the_command_line_exits_non_zero_with_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_failing_run_stops_the_sweep_and_shows_its_log(tmp_path, capsys, monkeypatch):
+def test_a_failing_run_stops_the_sweep_and_shows_its_log(tmp_path, capsys):
     argv = ["--config=configs/lm.py:size=tiny", f"--workdir={tmp_path}", "--rows=qk", "--set", TINY]
     argv += ["--set", f"data.name=no_such_dataset_xyz,data.data_dir={tmp_path}"]
-    message, out, err, _ = _main(argv, capsys, monkeypatch)
+    message, out, err, _ = _main(argv, capsys)
     assert "run row=qk seed=0 failed: train.py exited with status 1" in message, message
     assert "no_such_dataset_xyz" in err  # the log's last lines
     assert not os.path.exists(tmp_path / "results.md")
@@ -253,8 +247,7 @@ def swept(tmp_path_factory):
 
     workdir = base / "runs"
     cmd = [sys.executable, "-m", "rope_jax.experiments.sweep", *argv(workdir)]
-    env = dict(os.environ, **FAST_XLA)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     return {"workdir": workdir, "argv": argv, "stdout": proc.stdout}
 
@@ -311,10 +304,10 @@ def test_sweep_trains_every_row_and_seed_and_writes_the_report(swept):
 
 
 @pytest.mark.slow
-def test_the_same_command_again_skips_everything(swept, capsys, monkeypatch):
+def test_the_same_command_again_skips_everything(swept, capsys):
     workdir = swept["workdir"]
     before = _snapshot(workdir)
-    message, out, _, seconds = _main(swept["argv"](workdir), capsys, monkeypatch)
+    message, out, _, seconds = _main(swept["argv"](workdir), capsys)
     assert message is None, message
     assert out.count("done, skipped") == 4 and "ETA" not in out
     assert _snapshot(workdir) == before  # no training, no new checkpoints or log lines
@@ -327,7 +320,7 @@ def test_the_same_command_again_skips_everything(swept, capsys, monkeypatch):
 
 
 @pytest.mark.slow
-def test_an_interrupted_run_alone_is_redone_and_resumes(swept, tmp_path, capsys, monkeypatch):
+def test_an_interrupted_run_alone_is_redone_and_resumes(swept, tmp_path, capsys):
     workdir = tmp_path / "runs"
     shutil.copytree(swept["workdir"], workdir)
     victim = workdir / "vo" / "seed_1"
@@ -339,7 +332,7 @@ def test_an_interrupted_run_alone_is_redone_and_resumes(swept, tmp_path, capsys,
     assert message is None and "3 done, 1 partial, 0 new" in out
     assert not (workdir / "vo" / "seed_1" / "eval_10.json").exists()
 
-    message, out, _, _ = _main(swept["argv"](workdir), capsys, monkeypatch)
+    message, out, _, _ = _main(swept["argv"](workdir), capsys)
     assert message is None, message
     assert out.count("done, skipped") == 3 and "[4/4] row=vo seed=1  partial" in out
     after = _snapshot(workdir)

@@ -241,7 +241,8 @@ train.train_and_evaluate(config, sys.argv[2])
 def test_sharded_training_on_8_devices_matches_one_device(data_dir, tmp_path):
     config = tiny(data_dir, **{"train.num_steps": 4, "train.log_every_steps": 1})
     train.train_and_evaluate(config, str(tmp_path / "one"))
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    env = dict(os.environ, XLA_FLAGS=flags.strip())
     proc = subprocess.run([sys.executable, "-c", SHARDED, data_dir, str(tmp_path / "eight")],
                           cwd=ROOT, env=env, capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
