@@ -21,6 +21,7 @@ from flax import nnx
 from configs import lm
 from rope_jax import data, harness
 from rope_jax.harness import metrics, steps
+from tests.slurm_helpers import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B, T = 8, 16
@@ -233,8 +234,7 @@ def test_on_a_data_and_fsdp_mesh_the_split_moves_no_rows_between_devices():
     """8 CPU devices, mesh (data 4, fsdp 2), B = 16 (2 rows per device), k = 2: equal to
     k = 1, and the compiled step has no all-to-all or collective-permute (a contiguous
     [k, B/k] split adds 3 of each: each microbatch would sit on half the devices)."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(8))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)  # fmt: skip

@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 from rope_jax import sharding
 from rope_jax.nn import model as model_lib
+from tests.slurm_helpers import xla_flags
 
 # One test worker runs the module (its tests share module-scoped models on 8 devices, built once).
 pytestmark = pytest.mark.xdist_group("sharding")
@@ -160,8 +161,7 @@ def single_device_run():
 def runs():
     """(8-device script results, single-device reference), computed concurrently."""
     env = dict(os.environ)
-    flags = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    env.update(XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
+    env.update(XLA_FLAGS=xla_flags(8), JAX_PLATFORMS="cpu")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-c", SCRIPT, json.dumps(CFG)]
     with subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=PIPE, stderr=PIPE, text=True) as proc:

@@ -1,6 +1,7 @@
 """What the tests on the local SLURM cluster share besides the `cluster` fixture (in
 conftest.py): waiting for an idle node, the run environment, a final checkpoint's
-parameters."""
+parameters; and the XLA flags of a process with N CPU devices, which every multi-device
+test uses."""
 
 import os
 import subprocess

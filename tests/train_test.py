@@ -17,6 +17,7 @@ import train
 from configs import lm
 from rope_jax import harness
 from rope_jax.harness import checkpoint, metrics, resume
+from tests.slurm_helpers import xla_flags
 
 pytestmark = pytest.mark.slow  # end-to-end training runs
 
@@ -241,8 +242,7 @@ train.train_and_evaluate(config, sys.argv[2])
 def test_sharded_training_on_8_devices_matches_one_device(data_dir, tmp_path):
     config = tiny(data_dir, **{"train.num_steps": 4, "train.log_every_steps": 1})
     train.train_and_evaluate(config, str(tmp_path / "one"))
-    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    env = dict(os.environ, XLA_FLAGS=flags.strip())
+    env = dict(os.environ, XLA_FLAGS=xla_flags(8))
     proc = subprocess.run([sys.executable, "-c", SHARDED, data_dir, str(tmp_path / "eight")],
                           cwd=ROOT, env=env, capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
