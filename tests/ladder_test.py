@@ -15,7 +15,8 @@ def sweep(losses: dict, layers=2, seq_len=8) -> dict:
     return {
         "settings": {"model.num_layers": layers, "model.embed_dim": 16,
                      "data.seq_len": seq_len, "train.num_steps": 10},
-        "seq_lens": [t, str(2 * seq_len)], "seeds": [0, 1, 2], "article_loss": REFERENCE,
+        "seq_lens": [t, str(2 * seq_len)], "article_loss": REFERENCE,
+        "seeds": list(range(max(map(len, losses.values())))),
         "command": "python -m rope_jax.experiments.sweep ...",
         "rows": {r: {"runs": [{"loss": {t: v, str(2 * seq_len): v + 1}} for v in vals]}
                  for r, vals in losses.items()},
@@ -26,6 +27,12 @@ def test_tau_is_exact_when_seeds_agree_and_its_interval_is_a_point():
     rung = ladder.rung(sweep({r: [v] * 3 for r, v in REFERENCE.items()}), list(REFERENCE))
     assert rung["tau"] == pytest.approx(1.0) and rung["tau_ci"] == [1.0, 1.0]
     assert rung["nope_rank"] == 4 and rung["ranks"]["a"] == 1
+
+
+def test_one_seed_per_row_gives_no_interval():
+    rung = ladder.rung(sweep({r: [v] for r, v in REFERENCE.items()}), list(REFERENCE))
+    assert rung["tau"] == pytest.approx(1.0) and rung["tau_ci"] == [None, None]
+    assert "| L2 D16 T8 10 steps | 1 | 1.000 | — (one seed) |" in ladder.render([rung], "cmd")
 
 
 @pytest.mark.slow

@@ -7,7 +7,8 @@ r"""Several sweeps side by side: how the rows' order moves with depth, context a
 Each sweep (a `<results>.json` written by `rope_jax.experiments.sweep`) is one rung of
 the ladder. Per rung: Kendall tau of our order at the training length T against the
 reference table (the config's ARTICLE_LOSS), with a 95% bootstrap interval over seeds
-(each row's seeds resampled with replacement, the row mean recomputed, tau again),
+(each row's seeds resampled with replacement, the row mean recomputed, tau again; none
+for a rung with one seed per row, which has no measure of the seed noise),
 NoPE's rank, and every row's loss at T, 2T and 4T as mean ± std over seeds. Writes
 <out>.md, <out>.png and <out>.json.
 """
@@ -40,9 +41,12 @@ def seed_losses(report: dict, rows, length: str) -> dict[str, list[float]]:
 
 def bootstrap_tau(losses: dict, reference: dict, *, draws: int = 2000, seed: int = 0):
     """(tau, low, high): tau of the seed means, and the 2.5/97.5 percentiles of tau over
-    bootstrap resamples of each row's seeds."""
+    bootstrap resamples of each row's seeds. A row with one seed says nothing of the seed
+    noise (its resamples are all the same): then no interval (None, None)."""
     rng = np.random.default_rng(seed)
     tau = kendall({r: np.mean(v) for r, v in losses.items()}, reference)[0]
+    if any(len(v) < 2 for v in losses.values()):
+        return tau, None, None
     taus = []
     for _ in range(draws):
         means = {r: float(np.mean(rng.choice(v, size=len(v)))) for r, v in losses.items()}
@@ -67,7 +71,8 @@ def rung(report: dict, rows) -> dict:
         values = [run.get("bits_per_byte", {}).get(t) for run in report["rows"][r]["runs"]]
         bpb[r] = mean_std(values) if values and all(values) else None
     return {"label": label(report), "command": report.get("command", ""), "rows": rows,
-            "seeds": len(report["seeds"]), "seq_lens": report["seq_lens"], "tau": tau,
+            "seeds": len(report["seeds"]), "fewest_seeds": min(map(len, at_t.values())),
+            "seq_lens": report["seq_lens"], "tau": tau,
             "tau_p": kendall({r: np.mean(v) for r, v in at_t.items()}, reference)[1],
             "tau_ci": [low, high], "ranks": order, "nope_rank": order.get("nope"),
             "reference_ranks": ranks(reference), "stats": stats, "bits_per_byte": bpb}  # fmt: skip
@@ -89,6 +94,7 @@ def render(rungs: list[dict], command: str) -> str:
     for g in rungs:
         lo, hi = g["tau_ci"]
         ci = "—" if lo is None else f"[{lo:.2f}, {hi:.2f}]"
+        ci += " (one seed)" if g.get("fewest_seeds") == 1 else ""
         p = "—" if g["tau_p"] is None else f"{g['tau_p']:.3f}"
         out.append(f"| {g['label']} | {g['seeds']} | {g['tau']:.3f} | {ci} | {p} | "
                    f"{g['nope_rank']} of {len(g['rows'])} |")  # fmt: skip
