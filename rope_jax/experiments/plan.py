@@ -198,6 +198,7 @@ def plan(args) -> tuple[list[Job], dict]:
                             splits))  # fmt: skip
     if len({run.seq_lens[0] for run in runs}) > 1:
         raise SweepError("rows set different data.seq_len; the table compares them at one T")
+    runs.sort(key=lambda run: run.seed)  # seed by seed: a sweep cut short has every row once
     fields = leaves(base)
     return runs, {
         "config": args.config, "title": (module.__doc__ or "").strip().split("\n")[0],
