@@ -9,6 +9,7 @@ when every item ran.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import itertools
 import json
@@ -34,6 +35,9 @@ SMOKE_RUNG_SHAPE = dict(num_layers=1, embed_dim=32, num_heads=2, num_kv_heads=1,
                         mlp_dim=64, seq_len=32, batch=4, lr=3e-3, warmup=2)  # fmt: skip
 # tolerances of `kernels`: (loss, gradients), relative to the reference's size
 TOL = {"float32": (1e-5, 1e-3), "bfloat16": (2e-2, 5e-2)}
+# `kernels` compiles: no GEMM autotuning (it checks results, not speed; on the H200 a case
+# spent 14-98 s compiling, and the stage reached 7 of 19 cases in its call)
+CHECK_COMPILE = {"xla_gpu_autotune_level": 0}
 
 
 @dataclasses.dataclass
@@ -228,7 +232,7 @@ def _loss_and_grads_all(kv: str, sites: str, impls: list[str], dtypes, smoke: bo
 
     with jax.default_matmul_precision("highest"):  # float32 compared in float32, not TF32
         lowered = jax.jit(everything).lower(params)
-        compiled = lowered.compile()
+        compiled = lowered.compile(compiler_options=CHECK_COMPILE)
     outs = jax.device_get(compiled(params))
     # cuDNN's fused attention is a custom call of that name, before and after compiling
     return outs, max(
@@ -256,8 +260,9 @@ def _decode_error(kv: str, sites: str, impl: str, dtype: str, smoke: bool) -> fl
     tok = jnp.asarray(np.random.default_rng(4).integers(0, cfg.vocab_size, (b, t)), jnp.int32)
     pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.float32)[None, :, None], (b, t, 1))
     with jax.default_matmul_precision("highest"):
-        full = jax.jit(lambda p: nnx.merge(nnx.graphdef(ref), p)(tok))(params)
-        step = jax.jit(lambda p, x, q, cache: nnx.merge(gd, p).decode(x, q, cache))
+        jit = functools.partial(jax.jit, compiler_options=CHECK_COMPILE)
+        full = jit(lambda p: nnx.merge(nnx.graphdef(ref), p)(tok))(params)
+        step = jit(lambda p, x, q, cache: nnx.merge(gd, p).decode(x, q, cache))
         cache = nnx.merge(gd, params).init_cache(b, t + 2)
         out = []
         for start, stop in [(0, t - 3), (t - 3, t - 2), (t - 2, t - 1), (t - 1, t)]:
@@ -292,7 +297,7 @@ def kernels(ctx: Context) -> None:
     r.update(_jax_facts())
     impls = kernel_impls(jax.default_backend())
     dtypes = ("float32", "bfloat16")
-    r["impls"], r["tolerances"] = impls, TOL
+    r["impls"], r["tolerances"], r["compile_options"] = impls, TOL, CHECK_COMPILE
     cases = r.setdefault("cases", {})
     decode = r.setdefault("decode", {})
     for kind, key, args in kernel_items(impls, dtypes, ctx.smoke):
