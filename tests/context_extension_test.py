@@ -104,8 +104,7 @@ def test_a_real_experiment_trains_fine_tunes_evaluates_and_resumes(tmp_path):
     cmd = [sys.executable, "-m", "rope_jax.experiments.context_extension",
            f"--workdir={tmp_path / 'runs'}", f"--out={out}", "--rows=qk", "--rules=none,yarn",
            "--finetune_steps=2", "--passkey=4", "--num_batches=1", f"--set={TINY}"]  # fmt: skip
-    env = dict(os.environ)
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "results" / "ctx.json").read_text())
     cells = {(c["row"], c["rule"], c["finetuned"]): c for c in result["cells"]}
@@ -129,6 +128,6 @@ def test_a_real_experiment_trains_fine_tunes_evaluates_and_resumes(tmp_path):
     assert (tmp_path / "results" / "ctx.png").stat().st_size > 10_000
     # Again: everything is done, nothing retrains.
     stamp = os.path.getmtime(base / "checkpoints" / "4")
-    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.count("done, skipped") == 4
     assert os.path.getmtime(base / "checkpoints" / "4") == stamp

@@ -94,9 +94,8 @@ def test_sweep_scores_rows_by_answer_accuracy_on_each_split(data_dir, tmp_path):
     argv = ["--config=configs/multimodal.py", f"--workdir={workdir}", "--rows=nope,rope_tv",
             f"--results={tmp_path}/table", "--set", ",".join(f"{k}={v}" for k, v in TINY.items()),
             "--set", f"data.data_dir={data_dir}"]  # fmt: skip
-    env = dict(os.environ)
     cmd = [sys.executable, "-m", "rope_jax.experiments.sweep", *argv]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "answer accuracy test" in proc.stdout
     report = json.loads((tmp_path / "table.json").read_text())

@@ -94,7 +94,7 @@ def render(rungs: list[dict], command: str) -> str:
     for g in rungs:
         lo, hi = g["tau_ci"]
         ci = "—" if lo is None else f"[{lo:.2f}, {hi:.2f}]"
-        ci += " (one seed)" if g.get("fewest_seeds") == 1 else ""
+        ci += " (one seed)" if g["fewest_seeds"] == 1 else ""
         p = "—" if g["tau_p"] is None else f"{g['tau_p']:.3f}"
         out.append(f"| {g['label']} | {g['seeds']} | {g['tau']:.3f} | {ci} | {p} | "
                    f"{g['nope_rank']} of {len(g['rows'])} |")  # fmt: skip
