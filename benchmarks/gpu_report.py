@@ -181,7 +181,7 @@ def render(results: dict) -> str:
                      ("rung", _rung), ("peer", _peer)):  # fmt: skip
         r = results.get(name) or {}
         state = "done" if r.get("done") else ("partial" if r else "not run")
-        if r.get("stopped_for_time"):
+        if r.get("stopped_for_time") and not r.get("done"):  # a later call finished it
             state += ", stopped for time"
         lines += [f"## {name} ({state})", ""]
         lines += fn(r)

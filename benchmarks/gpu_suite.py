@@ -121,6 +121,7 @@ def _child(args) -> None:
 
     out, stage = args.out, args.child
     result = load(out, stage)
+    result.pop("stopped_for_time", None)  # says what the last call did, not an earlier one
     ctx = gpu_stages.Context(out=out, smoke=args.smoke, deadline=args.deadline, data=args.data,
                              result=result, save=lambda: save(out, stage, result),
                              load=lambda name: load(out, name))  # fmt: skip

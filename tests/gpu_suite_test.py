@@ -99,6 +99,9 @@ def test_a_stage_resumes_after_its_finished_items(tmp_path):
     page = gpu_report.render({"rung": {**r, "stopped_for_time": True}})
     assert "## rung (partial, stopped for time)" in page
     assert "Rows finished: 1 of 9" in page
+    # a later call that finished the stage: done, whatever an earlier call recorded
+    page = gpu_report.render({"rung": {**r, "stopped_for_time": True, "done": True}})
+    assert "## rung (done)" in page
 
 
 def test_kernel_items_put_the_common_cases_first():
