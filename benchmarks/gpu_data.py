@@ -1,26 +1,31 @@
-"""The corpus that travels to a GPU machine for `gpu_suite`'s rung: a prepared dataset's
-first training tokens and its validation split as plain arrays, within the size limit.
+"""The corpus that travels to a GPU machine for `gpu_suite`'s rung: training and
+validation tokens of a prepared dataset as compressed arrays, within the size limit.
 
-  python benchmarks/gpu_data.py --dataset=~/rope_data/linux_mix8k --out=gpu_corpus \
-      --train_tokens=16000000 --wheels=.whl
+  python benchmarks/gpu_data.py --dataset=~/rope_data/linux8k --out=gpu_corpus \
+      --train_tokens=100000000 --wheels=.whl
 
 On the GPU machine (no network): `pip install --no-index --no-deps --target /tmp/site
 .whl/*.whl`, `PYTHONPATH=/tmp/site:.`, then `python -m benchmarks.gpu_suite ... --data
 gpu_corpus`, carrying `gpu_corpus` and `.whl`.
 
-Writes OUT/train.npy (uint16 tokens: the training stream from its start, documents
-joined by EOS, as training reads it), OUT/validation.npy and OUT/validation_bytes.npy
-(the UTF-8 bytes of each validation token, for bits per byte) and OUT/meta.json (the
-dataset, its preparing command, the vocabulary, the counts). Everything a GPU call
-carries (this folder, the repository's tracked files and any wheels folder named by
---also) must stay under LIMIT_MIB: over it, nothing is written and the one-line error
-says by how much.
+The tokens are taken as `--slices` equal slices spread evenly over the whole split (one
+slice: its start), so a corpus stored in file order (a source tree: all of one directory,
+then the next) travels as a sample of all of it; an EOS joins the slices. Writes
+OUT/train.npy.xz (uint16 tokens), OUT/validation.npy.xz and OUT/validation_bytes.npy.xz
+(the UTF-8 bytes of each validation token, for bits per byte), each an .npy file in
+xz (LZMA) compression (a BPE token stream of source code packs to about a sixth of its
+two bytes a token), and OUT/meta.json (the dataset, its preparing command, the
+vocabulary, the counts, the sizes). Everything a GPU call carries (this folder, the
+repository's tracked files and any wheels folder named by --also) must stay under
+LIMIT_MIB: over it, nothing is written and the one-line error says by how much.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import lzma
 import os
 import subprocess
 import sys
@@ -57,29 +62,57 @@ def folder_bytes(path: str) -> int:
     return total
 
 
-def read_split(path: str, split: str, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens uint16, bytes per token uint16) of the split's stream, the first `limit`."""
+def read_split(path: str, split: str, limit: int | None = None,
+               slices: int = 1) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(tokens uint16, bytes per token uint16) of `limit` tokens of the split's stream (all
+    of it without a limit), as `slices` equal slices spread evenly over the stream and
+    joined by EOS."""
     from rope_jax.data import shards
 
     source = shards.TokenSplit(path, split)
-    n = len(source) if limit is None else min(limit, len(source))
+    total = len(source)
+    n = total if limit is None else min(limit, total)
+    slices = max(1, min(slices, n)) if n < total else 1  # all of it: one slice, no seams
+    size = n // slices
+    starts = np.linspace(0, total - size, slices).astype(np.int64) if slices > 1 else [0]
     tokens, nbytes = [], []
-    for start in range(0, n, CHUNK):
-        part = source.read(start, min(n, start + CHUNK))
-        tokens.append(part["tokens"].astype(np.uint16))
-        nbytes.append(part["bytes"].astype(np.uint16))
+    for i, first in enumerate(starts):
+        if i:  # the slices are not contiguous: an end of document between them
+            tokens.append(np.array([source.eos_id], np.uint16))
+            nbytes.append(np.zeros(1, np.uint16))
+        for start in range(first, first + size, CHUNK):
+            part = source.read(start, min(first + size, start + CHUNK))
+            tokens.append(part["tokens"].astype(np.uint16))
+            nbytes.append(part["bytes"].astype(np.uint16))
     return np.concatenate(tokens), np.concatenate(nbytes)
 
 
-def pack(dataset: str, out: str, *, train_tokens: int, also: list[str]) -> dict:
+def dump(array: np.ndarray) -> bytes:
+    """The .npy file of `array`, xz-compressed."""
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return lzma.compress(buf.getvalue(), preset=6)
+
+
+def load(path: str) -> np.ndarray:
+    """An array `dump` wrote (PATH.npy.xz), or a plain PATH.npy."""
+    if os.path.isfile(path + ".npy"):
+        return np.load(path + ".npy", mmap_mode="r")
+    with open(path + ".npy.xz", "rb") as f:
+        return np.load(io.BytesIO(lzma.decompress(f.read())))
+
+
+def pack(dataset: str, out: str, *, train_tokens: int, also: list[str], slices: int = 1,
+         validation_tokens: int | None = None) -> dict:  # fmt: skip
     dataset = os.path.abspath(os.path.expanduser(dataset))
     with open(os.path.join(dataset, "metadata.json")) as f:
         meta = json.load(f)
     if int(meta["vocab_size"]) > 65536:
         raise SystemExit(f"gpu_data: {dataset} has {meta['vocab_size']} ids; uint16 holds 65,536")
-    train, _ = read_split(dataset, "train", train_tokens)
-    val, val_bytes = read_split(dataset, "validation")
-    payload = train.nbytes + val.nbytes + val_bytes.nbytes + 4096
+    train, _ = read_split(dataset, "train", train_tokens, slices)
+    val, val_bytes = read_split(dataset, "validation", validation_tokens, slices)
+    files = {"train": dump(train), "validation": dump(val), "validation_bytes": dump(val_bytes)}
+    payload = sum(len(b) for b in files.values()) + 4096
     others = tracked_bytes() + sum(folder_bytes(p) for p in also)
     total = payload + others
     if total > LIMIT_MIB * 2**20:
@@ -88,9 +121,12 @@ def pack(dataset: str, out: str, *, train_tokens: int, also: list[str]) -> dict:
                          f"MiB of tree and wheels is {over:.1f} MiB over the {LIMIT_MIB} MiB a "
                          "call carries; lower --train_tokens")  # fmt: skip
     os.makedirs(out, exist_ok=True)
-    np.save(os.path.join(out, "train.npy"), train)
-    np.save(os.path.join(out, "validation.npy"), val)
-    np.save(os.path.join(out, "validation_bytes.npy"), val_bytes)
+    for name, blob in files.items():
+        with open(os.path.join(out, f"{name}.npy.xz.tmp"), "wb") as f:
+            f.write(blob)
+        os.replace(os.path.join(out, f"{name}.npy.xz.tmp"), os.path.join(out, f"{name}.npy.xz"))
+        if os.path.isfile(os.path.join(out, f"{name}.npy")):  # an older, uncompressed pack
+            os.remove(os.path.join(out, f"{name}.npy"))
     info = dict(
         dataset=os.path.basename(dataset),
         prepared_by=meta.get("command"),
@@ -98,9 +134,11 @@ def pack(dataset: str, out: str, *, train_tokens: int, also: list[str]) -> dict:
         vocab_size=int(meta["vocab_size"]),
         train_tokens=int(train.size),
         train_tokens_in_dataset=int(meta["splits"]["train"]["stream_tokens"]),
+        slices=slices,
         validation_tokens=int(val.size),
         validation_bytes=int(val_bytes.sum()),
         validation_bytes_per_token=float(val_bytes.sum() / val.size),
+        data_mib=round(payload / 2**20, 1),
         carried_mib=round(total / 2**20, 1),
         command=" ".join(["python benchmarks/gpu_data.py", *sys.argv[1:]]),
     )
@@ -126,7 +164,9 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", required=True, help="a prepared dataset directory")
     p.add_argument("--out", default=os.path.join(_ROOT, "gpu_corpus"))
-    p.add_argument("--train_tokens", type=int, default=16_000_000)
+    p.add_argument("--train_tokens", type=int, default=100_000_000)
+    p.add_argument("--validation_tokens", type=int, default=1_000_000)
+    p.add_argument("--slices", type=int, default=100, help="evenly spread slices of each split")
     p.add_argument("--also", default="", help="comma list of other carried folders (wheels)")
     p.add_argument("--wheels", default="", help="first download WHEELS into this folder")
     args = p.parse_args(argv)
@@ -135,7 +175,8 @@ def main(argv=None) -> None:
         args.also = ",".join(filter(None, [args.also, args.wheels]))
     if not os.path.isfile(os.path.join(os.path.expanduser(args.dataset), "metadata.json")):
         raise SystemExit(f"gpu_data: {args.dataset} is not a prepared dataset (no metadata.json)")
-    info = pack(args.dataset, args.out, train_tokens=args.train_tokens,
+    info = pack(args.dataset, args.out, train_tokens=args.train_tokens, slices=args.slices,
+                validation_tokens=args.validation_tokens,
                 also=[a for a in args.also.split(",") if a])  # fmt: skip
     print(json.dumps(info, indent=1))
 

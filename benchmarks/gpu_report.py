@@ -84,6 +84,13 @@ def _step1b(r: dict) -> list[str]:
     return out
 
 
+def _rung_timing(timing: dict | None) -> str:
+    if not timing:
+        return ""
+    return (f" The last call compiled its rows in parallel in {timing['compile_wall_s']:.0f} s "
+            f"(wall) and measured {timing['step_s'] * 1e3:.1f} ms a step.")  # fmt: skip
+
+
 def _rung(r: dict) -> list[str]:
     if not r or "steps" not in r:
         return ["Not run."]
@@ -94,14 +101,16 @@ def _rung(r: dict) -> list[str]:
     d, s = r.get("data", {}), r.get("shape", {})
     out = [
         f"Corpus: {d.get('dataset')} ({d.get('tokenizer')}, {_f(d.get('train_tokens'))} "
-        f"training tokens carried; prepared by `{d.get('prepared_by')}`). Model: "
+        f"training tokens carried in {d.get('slices', 1)} slices spread over its "
+        f"{_f(d.get('train_tokens_in_dataset'))}; prepared by `{d.get('prepared_by')}`); "
+        "each step's windows drawn at random from the carried tokens. Model: "
         f"L{s.get('num_layers')} D{s.get('embed_dim')} N{s.get('num_heads')} "
         f"K{s.get('num_kv_heads')} H{s.get('head_dim')} F{s.get('mlp_dim')}, "
         f"{_f(r.get('params'))} parameters ({_f(r.get('block_params'))} in the blocks' "
         f"matmuls), bf16, attention `{r.get('impl')}`; T = {s.get('seq_len')}, "
         f"B = {s.get('batch')}, {r['steps']} steps = {_f(r.get('tokens_per_run'))} tokens "
         f"per row; one seed, the same data order for every row. Held-out: "
-        f"{r.get('eval_windows')} validation windows.",
+        f"{r.get('eval_windows')} validation windows." + _rung_timing(r.get("timing")),
         "",
         "| row | held-out loss | bits/byte | train s | compile s |",
         "|---|---|---|---|---|",

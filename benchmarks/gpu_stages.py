@@ -31,6 +31,8 @@ STEP1B_SETTINGS = (
 # the rung's model (about 25M weights in the blocks) and its batch
 RUNG_SHAPE = dict(num_layers=8, embed_dim=512, num_heads=8, num_kv_heads=4, head_dim=64,
                   mlp_dim=1536, seq_len=512, batch=64, lr=1e-3, warmup=100)  # fmt: skip
+# tokens each row of the rung trains on (a sample drawn at random from the carried corpus)
+RUNG_TOKENS, SMOKE_RUNG_TOKENS = 100_000_000, 20 * 4 * 32
 SMOKE_RUNG_SHAPE = dict(num_layers=1, embed_dim=32, num_heads=2, num_kv_heads=1, head_dim=16,
                         mlp_dim=64, seq_len=32, batch=4, lr=3e-3, warmup=2)  # fmt: skip
 # tolerances of `kernels`: (loss, gradients), relative to the reference's size
@@ -49,6 +51,7 @@ class Context:
     result: dict
     save: Callable[[], None]
     load: Callable[[str], dict]
+    rung_tokens: int = 0  # 0: RUNG_TOKENS (SMOKE_RUNG_TOKENS in smoke mode)
 
     def left(self) -> float:
         return self.deadline - time.time()
@@ -443,13 +446,12 @@ def best_step1b(result: dict) -> dict | None:
 
 
 def _rung_data(path: str):
-    import numpy as np
+    from gpu_data import load
 
     with open(os.path.join(path, "meta.json")) as f:
         meta = json.load(f)
-    train = np.load(os.path.join(path, "train.npy"), mmap_mode="r")
-    val = np.load(os.path.join(path, "validation.npy"), mmap_mode="r")
-    val_bytes = np.load(os.path.join(path, "validation_bytes.npy"), mmap_mode="r")
+    names = ("train", "validation", "validation_bytes")
+    train, val, val_bytes = (load(os.path.join(path, n)) for n in names)
     return meta, train, (val, val_bytes)
 
 
@@ -484,7 +486,79 @@ def _rung_config(shape: dict, sites: str, vocab: int, steps: int, impl: str):
     return config
 
 
-def _train_row(config, train, val, *, seed: int, eval_windows: int) -> dict:
+@dataclasses.dataclass
+class _Row:
+    """One row's built setup and its compiled train and eval programs."""
+
+    config: object
+    run: object
+    train: object = None
+    eval: object = None
+    compile_s: float = 0.0
+
+
+def _compile_rows(configs: dict, eval_rows: int) -> dict:
+    """{row: _Row}: every row's train and eval programs, traced here one after another
+    and compiled in parallel threads (XLA compiles outside the GIL; on a many-core host
+    nine compiles take about the wall time of one)."""
+    import concurrent.futures
+
+    import jax
+    import numpy as np
+
+    from rope_jax import harness, sharding
+
+    rows, lowered = {}, {}
+    for name, config in configs.items():
+        run = harness.build(config, vocab_from_data=False)
+        b, t = config.data.global_batch_size, config.data.seq_len
+        spec = lambda n, d, run=run: jax.ShapeDtypeStruct(n, d, sharding=run.batch_sharding)
+        batch = {"inputs": spec((b, t), np.int32), "targets": spec((b, t), np.int32),
+                 "weights": spec((b, t), np.float32)}  # fmt: skip
+        held = {k: spec((eval_rows, t), v.dtype) for k, v in batch.items()}
+        held["target_bytes"] = spec((eval_rows, t), np.int32)
+        with sharding.use_mesh(run.mesh, run.rules):
+            lowered[name] = (run.train_step.lower(run.abstract, batch),
+                             run.eval_step.lower(run.abstract["params"], held))  # fmt: skip
+        rows[name] = _Row(config, run)
+
+    def compile_one(name):
+        t0 = time.time()
+        train, held = (low.compile() for low in lowered[name])
+        return name, train, held, time.time() - t0
+
+    workers = max(1, min(len(configs), os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        for name, train, held, seconds in pool.map(compile_one, list(configs)):
+            rows[name].train, rows[name].eval, rows[name].compile_s = train, held, seconds
+    return rows
+
+
+def _step_time(row: _Row, train, *, steps: int) -> float:
+    """Median seconds of one compiled step of `row` (a throw-away state)."""
+    import jax
+    import numpy as np
+
+    from rope_jax import harness, sharding
+
+    run, b, t = row.run, row.config.data.global_batch_size, row.config.data.seq_len
+    rng = np.random.default_rng(1)
+    with sharding.use_mesh(run.mesh, run.rules):
+        state = jax.jit(run.init_fn, out_shardings=run.shardings)()
+        times = []
+        for i in range(steps + 1):
+            batch = harness.put_batch(_windows(train, rng.integers(0, len(train) - t - 1, b), t),
+                                      run.batch_sharding)  # fmt: skip
+            start = time.perf_counter()
+            state, m = row.train(state, batch)
+            jax.block_until_ready(m)
+            if i:  # the first call also allocates
+                times.append(time.perf_counter() - start)
+    del state
+    return statistics.median(times)
+
+
+def _train_row(row: _Row, train, val, *, seed: int, eval_windows: int) -> dict:
     """Trains one row from scratch on random windows (data order fixed by `seed`, the
     same for every row), then its held-out loss on fixed validation windows."""
     import jax
@@ -492,21 +566,17 @@ def _train_row(config, train, val, *, seed: int, eval_windows: int) -> dict:
 
     from rope_jax import harness, sharding
 
-    run = harness.build(config, vocab_from_data=False)
+    run, config = row.run, row.config
     b, t, steps = config.data.global_batch_size, config.data.seq_len, config.train.num_steps
     rng = np.random.default_rng(seed)
-    t0 = time.time()
     with sharding.use_mesh(run.mesh, run.rules):
         state = jax.jit(run.init_fn, out_shardings=run.shardings)()
         losses = []
+        t1 = time.time()
         for i in range(steps):
             batch = _windows(train, rng.integers(0, len(train) - t - 1, b), t)
-            state, m = run.train_step(state, harness.put_batch(batch, run.batch_sharding))
-            if i == 0:
-                jax.block_until_ready(m)
-                compile_s = time.time() - t0
-                t1 = time.time()
-            if i % 50 == 0 or i == steps - 1:
+            state, m = row.train(state, harness.put_batch(batch, run.batch_sharding))
+            if i % 200 == 0 or i == steps - 1:
                 losses.append([i, float(m["loss"])])
         jax.block_until_ready(state)
         train_s = time.time() - t1
@@ -515,11 +585,17 @@ def _train_row(config, train, val, *, seed: int, eval_windows: int) -> dict:
         sums = np.zeros(3)
         for j in range(0, eval_windows, b):
             batch = _windows(val_tokens, starts[j : j + b], t, val_bytes)
-            out = run.eval_step(state["params"], harness.put_batch(batch, run.batch_sharding))
+            out = row.eval(state["params"], harness.put_batch(batch, run.batch_sharding))
             sums += [float(out["loss_sum"]), float(out["weight_sum"]), float(out["byte_sum"])]
     return dict(loss=sums[0] / sums[1], bits_per_byte=sums[0] / sums[2] / math.log(2),
-                train_curve=losses, compile_s=compile_s, train_s=train_s,
+                train_curve=losses, compile_s=row.compile_s, train_s=train_s,
                 tokens=steps * b * t)  # fmt: skip
+
+
+def rung_steps(tokens: int, shape: dict, smoke: bool) -> int:
+    """Steps of each row: `tokens` per row (RUNG_TOKENS by default) in whole batches."""
+    b, t = shape["batch"], shape["seq_len"]
+    return max(int(tokens or (SMOKE_RUNG_TOKENS if smoke else RUNG_TOKENS)) // (b * t), 1)
 
 
 def rung(ctx: Context) -> None:
@@ -536,36 +612,41 @@ def rung(ctx: Context) -> None:
     impl = "dot_product" if jax.default_backend() == "gpu" else "xla"
     b, t = shape["batch"], shape["seq_len"]
     eval_windows = 2 * b if ctx.smoke else 8 * b
-    r.update(data=meta, shape=shape, impl=impl, eval_windows=eval_windows)
     done = r.setdefault("rows", {})
-    if "steps" not in r:  # fixed once from the time left, so every row trains the same
-        per_row = ctx.left() / len(rows)
-        probe = _rung_config(shape, "qk", meta["vocab_size"], 10 if ctx.smoke else 30, impl)
-        m = _train_row(probe, train, val, seed=0, eval_windows=b)
-        step_s = m["train_s"] / (probe.train.num_steps - 1)
-        budget = per_row - 1.3 * m["compile_s"] - 5
-        max_steps = (len(train) - t) // (b * t)  # at most one pass over the training tokens
-        most = 20 if ctx.smoke else max_steps
-        r["steps"] = int(max(min(budget / step_s, most), 2 if ctx.smoke else 50))
-        r["probe"] = dict(step_s=step_s, compile_s=m["compile_s"])
-        config = _rung_config(shape, "qk", meta["vocab_size"], r["steps"], impl)
-        r["params"] = flops.num_params(config.model)
-        r["block_params"] = flops.block_matmul_params(config.model)
-        r["tokens_per_run"] = r["steps"] * b * t
-        ctx.save()
-        _log(f"rung: {r['steps']} steps per row ({r['tokens_per_run']:,} tokens), "
-             f"step {step_s * 1e3:.1f} ms, compile {m['compile_s']:.1f} s")  # fmt: skip
-    estimate = r["steps"] * r["probe"]["step_s"] + 1.3 * r["probe"]["compile_s"] + 3
-    for row in rows:
-        if row in done:
-            continue
-        if not ctx.fits(estimate):
+    steps = rung_steps(ctx.rung_tokens, shape, ctx.smoke)
+    if done and r.get("steps") != steps:  # a rung's rows are only comparable at one length
+        raise SystemExit(f"gpu_suite: {ctx.out}/rung.json has rows of {r['steps']} steps "
+                         f"({r['tokens_per_run']:,} tokens); this run asks {steps}: use the "
+                         "same --rung_tokens or another --out")  # fmt: skip
+    config = _rung_config(shape, "qk", meta["vocab_size"], steps, impl)
+    r.update(data=meta, shape=shape, impl=impl, eval_windows=eval_windows, steps=steps,
+             tokens_per_run=steps * b * t, params=flops.num_params(config.model),
+             block_params=flops.block_matmul_params(config.model))  # fmt: skip
+    todo = [row for row in rows if row not in done]
+    if not todo:
+        r["done"] = True
+        return
+    if not ctx.fits(60 if not ctx.smoke else 5):  # the compiles alone need about this
+        return
+    _log(f"rung: compiling {len(todo)} rows, {steps} steps each ({steps * b * t:,} tokens)")
+    t0 = time.time()
+    programs = _compile_rows(
+        {row: _rung_config(shape, lm.ROWS[row], meta["vocab_size"], steps, impl) for row in todo},
+        eval_rows=b,
+    )
+    step_s = _step_time(programs[todo[0]], train, steps=3 if ctx.smoke else 10)
+    r["timing"] = dict(compile_wall_s=time.time() - t0, step_s=step_s, device=r["device"])
+    ctx.save()
+    _log(f"rung: compiled in {time.time() - t0:.1f} s; a step {step_s * 1e3:.1f} ms")
+    eval_s = eval_windows / b * step_s
+    for row in todo:
+        if not ctx.fits(1.05 * steps * step_s + eval_s + 5):
             return
-        config = _rung_config(shape, lm.ROWS[row], meta["vocab_size"], r["steps"], impl)
-        done[row] = _train_row(config, train, val, seed=0, eval_windows=eval_windows)
-        _log(f"rung: {row}: held-out loss {done[row]['loss']:.4f}, "
-             f"{done[row]['bits_per_byte']:.4f} bits/byte")  # fmt: skip
-        jax.clear_caches()
+        done[row] = _train_row(programs[row], train, val, seed=0, eval_windows=eval_windows)
+        m = done[row]
+        m["device"] = r["device"]  # a rung may span calls (and machines of one kind)
+        _log(f"rung: {row}: held-out loss {m['loss']:.4f}, {m['bits_per_byte']:.4f} bits/byte, "
+             f"{m['train_s']:.0f} s")  # fmt: skip
         ctx.save()
     r["done"] = True
 

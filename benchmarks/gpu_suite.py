@@ -17,7 +17,10 @@ Stages (in this order; `benchmarks/gpu_stages.py` holds them):
            `rope_jax.harness.cost`) against the device's dense bf16 peak and against the
            ceiling measured by `check`, peak device memory.
   rung     the nine-row rotation-site ablation on a travelling corpus
-           (`benchmarks/gpu_data.py` makes it), the rows one after another.
+           (`benchmarks/gpu_data.py` makes it): every row's program compiled at once in
+           parallel threads, then the rows trained one after another, `--rung_tokens`
+           each (100M by default). A rung longer than one call goes on in the next: give
+           it the same OUT (copy back the OUT/rung.json a call returned).
   peer     HF `LlamaForCausalLM` in bf16 autocast (SDPA, fused AdamW) against ours at
            `small` and at the 1b body (the batch step1b ran).
 
@@ -62,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--smoke", action="store_true", help="tiny shapes and few steps (any backend)")
     p.add_argument("--data", default=os.path.join(_ROOT, "gpu_corpus"),
                    help="the travelling corpus (benchmarks/gpu_data.py) for the rung")  # fmt: skip
+    p.add_argument("--rung_tokens", type=float, default=0,
+                   help="tokens per rung row (default 100M; a rung keeps its first)")  # fmt: skip
     p.add_argument("--report", action="store_true", help="only re-render OUT/gpu_suite.md")
     # a child's own arguments (set by the parent)
     p.add_argument("--child", default="", help=argparse.SUPPRESS)
@@ -100,7 +105,8 @@ def save(out: str, stage: str, result: dict) -> None:
 def _run_stage(args, stage: str, deadline: float) -> int:
     """The stage in a child process (this module with --child); its return code."""
     cmd = [sys.executable, "-m", "benchmarks.gpu_suite", "--out", args.out, "--child", stage,
-           "--deadline", repr(deadline), "--data", args.data]  # fmt: skip
+           "--deadline", repr(deadline), "--data", args.data,
+           "--rung_tokens", repr(args.rung_tokens)]  # fmt: skip
     if args.smoke:
         cmd.append("--smoke")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -124,7 +130,8 @@ def _child(args) -> None:
     result.pop("stopped_for_time", None)  # says what the last call did, not an earlier one
     ctx = gpu_stages.Context(out=out, smoke=args.smoke, deadline=args.deadline, data=args.data,
                              result=result, save=lambda: save(out, stage, result),
-                             load=lambda name: load(out, name))  # fmt: skip
+                             load=lambda name: load(out, name),
+                             rung_tokens=int(args.rung_tokens))  # fmt: skip
     try:
         gpu_stages.STAGES[stage](ctx)
     except Exception as e:  # recorded, so the page says what stopped the stage

@@ -43,12 +43,34 @@ def corpus(tmp_path_factory):
 
 def test_pack_writes_the_splits_and_counts_bytes(corpus):
     out, info = corpus
-    train = np.load(out / "train.npy")
-    val, val_bytes = np.load(out / "validation.npy"), np.load(out / "validation_bytes.npy")
+    train = gpu_data.load(str(out / "train"))
+    val, val_bytes = (gpu_data.load(str(out / n)) for n in ("validation", "validation_bytes"))
     assert train.dtype == np.uint16 and train.size == info["train_tokens"] == 5000
     assert val.size == val_bytes.size == info["validation_tokens"] > 0
     assert info["validation_bytes"] == int(np.sum(val < 256))  # bytes: all but EOS are 1 byte
     assert json.loads((out / "meta.json").read_text())["vocab_size"] == 259
+    assert (out / "train.npy.xz").stat().st_size < train.nbytes / 2  # it travels compressed
+
+
+def test_pack_takes_slices_spread_over_the_whole_split(corpus, tmp_path):
+    """Four slices of 500 tokens: the first from the stream's start, the last ending at its
+    end, joined by EOS."""
+    from rope_jax.data import shards
+
+    out, _ = corpus
+    dataset = str(out.parent / "tiny")
+    whole = shards.TokenSplit(dataset, "train")
+    stream = whole.read(0, len(whole))["tokens"]
+    info = gpu_data.pack(dataset, str(tmp_path / "p"), train_tokens=2000, also=[], slices=4)
+    train = gpu_data.load(str(tmp_path / "p" / "train"))
+    assert info["train_tokens"] == train.size == 2000 + 3 and info["slices"] == 4
+    parts = np.split(train, [500, 501, 1001, 1002, 1502, 1503])[::2]
+    assert all(train[i] == whole.eos_id for i in (500, 1001, 1502))
+    np.testing.assert_array_equal(parts[0], stream[:500])
+    np.testing.assert_array_equal(parts[-1], stream[-500:])
+    starts = [int(np.flatnonzero(np.all(np.lib.stride_tricks.sliding_window_view(stream, 500)
+                                        == p, axis=1))[0]) for p in parts]  # fmt: skip
+    assert starts == sorted(starts) and starts[1] > 500 and starts[2] < len(stream) - 1000
 
 
 def test_pack_refuses_what_would_not_travel(corpus, tmp_path, monkeypatch):
@@ -102,6 +124,18 @@ def test_a_stage_resumes_after_its_finished_items(tmp_path):
     # a later call that finished the stage: done, whatever an earlier call recorded
     page = gpu_report.render({"rung": {**r, "stopped_for_time": True, "done": True}})
     assert "## rung (done)" in page
+
+
+def test_a_rung_keeps_its_length_across_calls(corpus, tmp_path):
+    """Rows of different lengths are not one rung: another --rung_tokens is one line."""
+    data, _ = corpus
+    row = {"loss": 1.0, "bits_per_byte": 0.5, "train_s": 1.0, "compile_s": 1.0}
+    rung = {"steps": 20, "tokens_per_run": 2560, "rows": {"nope": row}}
+    gpu_suite.save(str(tmp_path), "rung", rung)
+    proc = _suite("--out", str(tmp_path), "--smoke", "--stage=rung", "--rung_tokens=5120",
+                  "--data", str(data), "--budget_s=60")  # fmt: skip
+    assert "has rows of 20 steps (2,560 tokens); this run asks 40" in proc.stdout + proc.stderr
+    assert gpu_suite.load(str(tmp_path), "rung")["rows"] == {"nope": row}
 
 
 def test_kernel_items_put_the_common_cases_first():
