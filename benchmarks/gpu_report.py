@@ -99,6 +99,7 @@ def _rung(r: dict) -> list[str]:
 
     rows = r.get("rows", {})
     d, s = r.get("data", {}), r.get("shape", {})
+    t = int(s.get("seq_len") or 0)
     out = [
         f"Corpus: {d.get('dataset')} ({d.get('tokenizer')}, {_f(d.get('train_tokens'))} "
         f"training tokens carried in {d.get('slices', 1)} slices spread over its "
@@ -110,15 +111,18 @@ def _rung(r: dict) -> list[str]:
         f"matmuls), bf16, attention `{r.get('impl')}`; T = {s.get('seq_len')}, "
         f"B = {s.get('batch')}, {r['steps']} steps = {_f(r.get('tokens_per_run'))} tokens "
         f"per row; one seed, the same data order for every row. Held-out: "
-        f"{r.get('eval_windows')} validation windows." + _rung_timing(r.get("timing")),
+        f"{r.get('eval_windows')} validation windows of T tokens, and as many tokens in "
+        "windows of 2T and 4T." + _rung_timing(r.get("timing")),
         "",
-        "| row | held-out loss | bits/byte | train s | compile s |",
-        "|---|---|---|---|---|",
+        f"| row | held-out loss @{t} | @{2 * t} | @{4 * t} | bits/byte @{t} | train s "
+        "| compile s |",
+        "|---|---|---|---|---|---|---|",
     ]
     order = sorted(rows, key=lambda k: rows[k]["loss"])
     for row in order:
         m = rows[row]
-        out.append(f"| {row} | {m['loss']:.4f} | {m['bits_per_byte']:.4f} | "
+        at = [_f((m.get("loss_at") or {}).get(str(n)), ".4f") for n in (2 * t, 4 * t)]
+        out.append(f"| {row} | {m['loss']:.4f} | {' | '.join(at)} | {m['bits_per_byte']:.4f} | "
                    f"{m['train_s']:.1f} | {m['compile_s']:.1f} |")  # fmt: skip
     if len(rows) >= 2:
         tau, p, n = kendall({k: v["loss"] for k, v in rows.items()}, lm.ARTICLE_LOSS)
@@ -173,10 +177,14 @@ def rung_as_sweep(rung: dict) -> dict | None:
     settings.update({"data.name": rung["data"]["dataset"], "data.seq_len": s["seq_len"],
                      "data.global_batch_size": s["batch"], "train.num_steps": rung["steps"],
                      "optim.lr": s["lr"], "data.tokenizer": rung["data"]["tokenizer"]})  # fmt: skip
-    runs = lambda m: [{"seed": 0, "loss": {t: m["loss"]}, "bits_per_byte": {t: m["bits_per_byte"]}}]
+    # held-out loss at T, 2T and 4T (a rung from before those were measured: T alone)
+    lens = [n for n in (t, str(2 * s["seq_len"]), str(4 * s["seq_len"]))
+            if all(n == t or n in m.get("loss_at", {}) for m in rung["rows"].values())]  # fmt: skip
+    runs = lambda m: [{"seed": 0, "loss": {n: m.get("loss_at", {}).get(n, m["loss"]) for n in lens},
+                       "bits_per_byte": {t: m["bits_per_byte"]}}]  # fmt: skip
     return {"title": "VO-RoPE site ablation, GPU rung (benchmarks/gpu_suite.py)",
             "settings": settings, "article_loss": lm.ARTICLE_LOSS, "seeds": [0],
-            "seq_lens": [t], "device": rung.get("device"),
+            "seq_lens": lens, "device": rung.get("device"),
             "command": "python -m benchmarks.gpu_suite --stage=rung",
             "rows": {r: {"runs": runs(m)} for r, m in rung["rows"].items()}}  # fmt: skip
 

@@ -493,19 +493,32 @@ class _Row:
     config: object
     run: object
     train: object = None
-    eval: object = None
+    evals: dict = dataclasses.field(default_factory=dict)  # {length: compiled eval step}
     compile_s: float = 0.0
 
 
-def _compile_rows(configs: dict, eval_rows: int) -> dict:
-    """{row: _Row}: every row's train and eval programs, traced here one after another
-    and compiled in parallel threads (XLA compiles outside Python's lock: on 2 CPU cores
-    two rows' compiles took 3.5 s together against 4.2 s one after the other; the rung
-    records the wall time of its compiles on the GPU host)."""
-    import concurrent.futures
+def eval_lengths(t: int) -> tuple[int, ...]:
+    """The held-out lengths of the rung: T, 2T and 4T (extrapolation past training's T)."""
+    return (t, 2 * t, 4 * t)
 
+
+def _batch_specs(sharding, rows: int, length: int, *, nbytes: bool = False) -> dict:
+    """The abstract batch of `_windows` (rows x length), placed with `sharding`."""
     import jax
     import numpy as np
+
+    names = ("inputs", "targets", "weights") + (("target_bytes",) if nbytes else ())
+    return {k: jax.ShapeDtypeStruct((rows, length), np.float32 if k == "weights" else np.int32,
+                                    sharding=sharding) for k in names}  # fmt: skip
+
+
+def _compile_rows(configs: dict) -> dict:
+    """{row: _Row}: every row's train program and its eval programs at `eval_lengths` (each
+    eval batch holds B x T tokens), traced here one after another and compiled in
+    parallel threads (XLA compiles outside Python's lock: on 2 CPU cores two rows'
+    compiles took 3.5 s together against 4.2 s one after the other; the rung records the
+    wall time of its compiles on the GPU host)."""
+    import concurrent.futures
 
     from rope_jax import harness, sharding
 
@@ -513,25 +526,23 @@ def _compile_rows(configs: dict, eval_rows: int) -> dict:
     for name, config in configs.items():
         run = harness.build(config, vocab_from_data=False)
         b, t = config.data.global_batch_size, config.data.seq_len
-        spec = lambda n, d, run=run: jax.ShapeDtypeStruct(n, d, sharding=run.batch_sharding)
-        batch = {"inputs": spec((b, t), np.int32), "targets": spec((b, t), np.int32),
-                 "weights": spec((b, t), np.float32)}  # fmt: skip
-        held = {k: spec((eval_rows, t), v.dtype) for k, v in batch.items()}
-        held["target_bytes"] = spec((eval_rows, t), np.int32)
         with sharding.use_mesh(run.mesh, run.rules):
-            lowered[name] = (run.train_step.lower(run.abstract, batch),
-                             run.eval_step.lower(run.abstract["params"], held))  # fmt: skip
+            specs = _batch_specs(run.batch_sharding, b, t)
+            lowered[name] = {"train": run.train_step.lower(run.abstract, specs)}
+            for length in eval_lengths(t):
+                specs = _batch_specs(run.batch_sharding, b * t // length, length, nbytes=True)
+                lowered[name][length] = run.eval_step.lower(run.abstract["params"], specs)
         rows[name] = _Row(config, run)
 
     def compile_one(name):
         t0 = time.time()
-        train, held = (low.compile() for low in lowered[name])
-        return name, train, held, time.time() - t0
+        return name, {k: low.compile() for k, low in lowered[name].items()}, time.time() - t0
 
     workers = max(1, min(len(configs), os.cpu_count() or 1))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        for name, train, held, seconds in pool.map(compile_one, list(configs)):
-            rows[name].train, rows[name].eval, rows[name].compile_s = train, held, seconds
+        for name, programs, seconds in pool.map(compile_one, list(configs)):
+            rows[name].train = programs.pop("train")
+            rows[name].evals, rows[name].compile_s = programs, seconds
     return rows
 
 
@@ -559,9 +570,32 @@ def _step_time(row: _Row, train, *, steps: int) -> float:
     return statistics.median(times)
 
 
+def _held_out(row: _Row, params, val, *, windows: int) -> dict:
+    """{length: (loss, bits per byte)} on validation windows spread evenly over the
+    carried validation tokens: `windows` of T tokens, and at 2T and 4T as many tokens in
+    windows of that length."""
+    import numpy as np
+
+    from rope_jax import harness
+
+    val_tokens, val_bytes = val
+    b, t = row.config.data.global_batch_size, row.config.data.seq_len
+    out = {}
+    for length, program in row.evals.items():
+        n, per = windows * t // length, b * t // length
+        starts = np.linspace(0, len(val_tokens) - length - 1, n).astype(np.int64)
+        sums = np.zeros(3)
+        for j in range(0, n, per):
+            batch = _windows(val_tokens, starts[j : j + per], length, val_bytes)
+            m = program(params, harness.put_batch(batch, row.run.batch_sharding))
+            sums += [float(m["loss_sum"]), float(m["weight_sum"]), float(m["byte_sum"])]
+        out[str(length)] = (sums[0] / sums[1], sums[0] / sums[2] / math.log(2))
+    return out
+
+
 def _train_row(row: _Row, train, val, *, seed: int, eval_windows: int) -> dict:
     """Trains one row from scratch on random windows (data order fixed by `seed`, the
-    same for every row), then its held-out loss on fixed validation windows."""
+    same for every row), then its held-out loss at T, 2T and 4T."""
     import jax
     import numpy as np
 
@@ -581,16 +615,11 @@ def _train_row(row: _Row, train, val, *, seed: int, eval_windows: int) -> dict:
                 losses.append([i, float(m["loss"])])
         jax.block_until_ready(state)
         train_s = time.time() - t1
-        val_tokens, val_bytes = val
-        starts = np.linspace(0, len(val_tokens) - t - 1, eval_windows).astype(np.int64)
-        sums = np.zeros(3)
-        for j in range(0, eval_windows, b):
-            batch = _windows(val_tokens, starts[j : j + b], t, val_bytes)
-            out = row.eval(state["params"], harness.put_batch(batch, run.batch_sharding))
-            sums += [float(out["loss_sum"]), float(out["weight_sum"]), float(out["byte_sum"])]
-    return dict(loss=sums[0] / sums[1], bits_per_byte=sums[0] / sums[2] / math.log(2),
-                train_curve=losses, compile_s=row.compile_s, train_s=train_s,
-                tokens=steps * b * t)  # fmt: skip
+        held = _held_out(row, state["params"], val, windows=eval_windows)
+    loss, bpb = held[str(t)]
+    return dict(loss=loss, bits_per_byte=bpb, loss_at={k: v[0] for k, v in held.items()},
+                bits_per_byte_at={k: v[1] for k, v in held.items()}, train_curve=losses,
+                compile_s=row.compile_s, train_s=train_s, tokens=steps * b * t)  # fmt: skip
 
 
 def rung_steps(tokens: int, shape: dict, smoke: bool) -> int:
@@ -632,14 +661,13 @@ def rung(ctx: Context) -> None:
     _log(f"rung: compiling {len(todo)} rows, {steps} steps each ({steps * b * t:,} tokens)")
     t0 = time.time()
     programs = _compile_rows(
-        {row: _rung_config(shape, lm.ROWS[row], meta["vocab_size"], steps, impl) for row in todo},
-        eval_rows=b,
+        {row: _rung_config(shape, lm.ROWS[row], meta["vocab_size"], steps, impl) for row in todo}
     )
     step_s = _step_time(programs[todo[0]], train, steps=3 if ctx.smoke else 10)
     r["timing"] = dict(compile_wall_s=time.time() - t0, step_s=step_s, device=r["device"])
     ctx.save()
     _log(f"rung: compiled in {time.time() - t0:.1f} s; a step {step_s * 1e3:.1f} ms")
-    eval_s = eval_windows / b * step_s
+    eval_s = len(eval_lengths(t)) * eval_windows / b * step_s
     for row in todo:
         if not ctx.fits(1.05 * steps * step_s + eval_s + 5):
             return

@@ -100,6 +100,10 @@ def test_every_stage_runs_in_smoke_mode_and_resumes(corpus, tmp_path):
     assert set(rung["rows"]) == {"nope", "qkvo"}
     for row in rung["rows"].values():  # trained: below the uniform guess over 259 ids
         assert row["loss"] < np.log(259) and row["bits_per_byte"] > 0
+        assert set(row["loss_at"]) == {"32", "64", "128"} and row["loss_at"]["32"] == row["loss"]
+    sweep = json.loads((out / "rung_sweep.json").read_text())
+    assert sweep["seq_lens"] == ["32", "64", "128"]
+    assert sweep["rows"]["nope"]["runs"][0]["loss"]["128"] == rung["rows"]["nope"]["loss_at"]["128"]
     page = (out / "gpu_suite.md").read_text()
     for stage in gpu_suite.ORDER:
         assert f"## {stage} (done" in page
