@@ -156,3 +156,35 @@ def test_bad_stage_is_one_line():
     assert proc.stderr.strip().splitlines() == [
         "gpu_suite: --stage='kernel': stages are all or check, kernels, step1b, rung, peer"
     ]
+
+
+@pytest.mark.slow
+def test_a_rung_row_trains_and_evaluates_as_the_harness_does(corpus):
+    """The rung's compiled programs give the losses of the harness's own jitted train and
+    eval steps on the same windows (two steps, then held-out at T and 4T)."""
+    import jax
+
+    from rope_jax import harness, sharding
+
+    data, _ = corpus
+    meta, train, val = gpu_stages._rung_data(str(data))
+    shape = gpu_stages.SMOKE_RUNG_SHAPE
+    config = gpu_stages._rung_config(shape, "qkvo", meta["vocab_size"], 2, "xla")
+    row = gpu_stages._compile_rows({"qkvo": config})["qkvo"]
+    got = gpu_stages._train_row(row, train, val, seed=3, eval_windows=8)
+
+    b, t = shape["batch"], shape["seq_len"]
+    run = harness.build(config, vocab_from_data=False)
+    rng = np.random.default_rng(3)
+    with sharding.use_mesh(run.mesh, run.rules):
+        state = jax.jit(run.init_fn, out_shardings=run.shardings)()
+        for _ in range(2):
+            batch = gpu_stages._windows(train, rng.integers(0, len(train) - t - 1, b), t)
+            state, m = run.train_step(state, harness.put_batch(batch, run.batch_sharding))
+        for length, windows in ((t, 8), (4 * t, 2)):
+            starts = np.linspace(0, len(val[0]) - length - 1, windows).astype(np.int64)
+            held = gpu_stages._windows(val[0], starts, length, val[1])
+            sums = run.eval_step(state["params"], harness.put_batch(held, run.batch_sharding))
+            loss = float(sums["loss_sum"]) / float(sums["weight_sum"])
+            np.testing.assert_allclose(got["loss_at"][str(length)], loss, rtol=1e-5)
+    np.testing.assert_allclose(got["train_curve"][-1][1], float(m["loss"]), rtol=1e-6)
