@@ -164,6 +164,16 @@ def test_results_of_another_plan_are_never_overwritten(tmp_path):
     other = dict(context, seeds=[0, 1], settings={"train.num_steps": 2})
     with pytest.raises(plan.SweepError, match=r"another plan \(different seeds, settings\)"):
         sweep.check_results(results, runs, other)
+    # a second seed or another row added later keeps everything the table held: fine
+    more = [*runs, Job("qk", 1, "w", [], 10, [8], ()), Job("vo", 0, "w", [], 10, [8], ())]
+    overrides = dict(context["overrides"], vo={"model.rope.sites": "vo"})
+    sweep.check_results(results, more, dict(context, seeds=[0, 1], overrides=overrides))
+    fewer = dict(context, seeds=[1])  # seed 0 would be dropped from the table
+    with pytest.raises(plan.SweepError, match=r"different seeds"):
+        sweep.check_results(results, runs, fewer)
+    retuned = dict(context, overrides={"qk": {"model.rope.sites": "qk", "optim.lr": 1.0}})
+    with pytest.raises(plan.SweepError, match=r"different rows"):
+        sweep.check_results(results, runs, retuned)
 
 
 def _main(argv, capsys):

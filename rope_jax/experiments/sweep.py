@@ -43,8 +43,21 @@ def plan_of(rows: dict, seeds, settings: dict) -> dict:
             "settings": dict(settings)}  # fmt: skip
 
 
+def extends(old: dict, new: dict) -> bool:
+    """Whether plan `new` only adds seeds or rows to `old` (the same settings, every old
+    row with its overrides, every old seed): its report keeps all the old one held."""
+    same = lambda a, b: json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    rows_kept = all(r in new["rows"] and same(o, new["rows"][r]) for r, o in old["rows"].items())
+    return (
+        same(old["settings"], new["settings"])
+        and set(old["seeds"]) <= set(new["seeds"])
+        and rows_kept
+    )
+
+
 def check_results(results: str, runs, context: dict) -> None:
-    """Refuses (one line) to write over <results>.json made by a different plan."""
+    """Refuses (one line) to write over <results>.json made by a different plan; a plan
+    that only adds seeds or rows to it (a second seed later, say) goes on."""
     path = results + ".json"
     if not os.path.exists(path):
         return
@@ -60,7 +73,7 @@ def check_results(results: str, runs, context: dict) -> None:
     new_plan = plan_of(rows, context["seeds"], context["settings"])
     changed = [key for key in new_plan if json.dumps(new_plan[key], sort_keys=True)
                != json.dumps(old_plan[key], sort_keys=True)]  # fmt: skip
-    if changed:
+    if changed and not extends(old_plan, new_plan):
         raise SweepError(f"{path} holds results of another plan (different "
                          f"{', '.join(changed)}): choose another --results, or pass "
                          "--overwrite to replace them")  # fmt: skip
