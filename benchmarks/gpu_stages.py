@@ -628,6 +628,21 @@ def rung_steps(tokens: int, shape: dict, smoke: bool) -> int:
     return max(int(tokens or (SMOKE_RUNG_TOKENS if smoke else RUNG_TOKENS)) // (b * t), 1)
 
 
+def rung_problem(result: dict, out: str, data: str, tokens: int, smoke: bool) -> str | None:
+    """Why the rung cannot run as asked (one line), or None: no corpus at `data`, or rows
+    already in OUT/rung.json at another length (rows compare only at one length)."""
+    if not os.path.isfile(os.path.join(data, "meta.json")):
+        return (f"gpu_suite: --data={data} holds no travelling corpus (meta.json): make it "
+                "with `python benchmarks/gpu_data.py --dataset=DIR/NAME` and carry it, or leave "
+                "rung out of --stage")  # fmt: skip
+    steps = rung_steps(tokens, SMOKE_RUNG_SHAPE if smoke else RUNG_SHAPE, smoke)
+    if result.get("rows") and result.get("steps") != steps:
+        return (f"gpu_suite: {out}/rung.json has rows of {result['steps']} steps "
+                f"({result['tokens_per_run']:,} tokens); this run asks {steps}: use the same "
+                "--rung_tokens or another --out")  # fmt: skip
+    return None
+
+
 def rung(ctx: Context) -> None:
     import jax
 
@@ -644,10 +659,9 @@ def rung(ctx: Context) -> None:
     eval_windows = 2 * b if ctx.smoke else 8 * b
     done = r.setdefault("rows", {})
     steps = rung_steps(ctx.rung_tokens, shape, ctx.smoke)
-    if done and r.get("steps") != steps:  # a rung's rows are only comparable at one length
-        raise SystemExit(f"gpu_suite: {ctx.out}/rung.json has rows of {r['steps']} steps "
-                         f"({r['tokens_per_run']:,} tokens); this run asks {steps}: use the "
-                         "same --rung_tokens or another --out")  # fmt: skip
+    problem = rung_problem(r, ctx.out, ctx.data, ctx.rung_tokens, ctx.smoke)
+    if problem:  # the parent checks first; this is for a child started by hand
+        raise SystemExit(problem)
     config = _rung_config(shape, "qk", meta["vocab_size"], steps, impl)
     r.update(data=meta, shape=shape, impl=impl, eval_windows=eval_windows, steps=steps,
              tokens_per_run=steps * b * t, params=flops.num_params(config.model),

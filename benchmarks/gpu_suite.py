@@ -147,6 +147,14 @@ def main(argv=None) -> None:
     if args.child:
         return _child(args)
     todo = stages(args.stage)
+    rung = load(args.out, "rung")
+    if "rung" in todo and not rung.get("done") and not args.report:  # before anything runs
+        import gpu_stages
+
+        problem = gpu_stages.rung_problem(rung, args.out, args.data, int(args.rung_tokens),
+                                          args.smoke)  # fmt: skip
+        if problem:
+            raise SystemExit(problem)
     os.makedirs(args.out, exist_ok=True)
     if not args.report:
         start = time.time()

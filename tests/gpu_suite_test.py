@@ -138,8 +138,20 @@ def test_a_rung_keeps_its_length_across_calls(corpus, tmp_path):
     gpu_suite.save(str(tmp_path), "rung", rung)
     proc = _suite("--out", str(tmp_path), "--smoke", "--stage=rung", "--rung_tokens=5120",
                   "--data", str(data), "--budget_s=60")  # fmt: skip
-    assert "has rows of 20 steps (2,560 tokens); this run asks 40" in proc.stdout + proc.stderr
+    assert proc.returncode != 0 and proc.stdout == ""  # before any stage started
+    assert proc.stderr.strip().splitlines() == [
+        f"gpu_suite: {tmp_path}/rung.json has rows of 20 steps (2,560 tokens); this run asks "
+        "40: use the same --rung_tokens or another --out"
+    ]
     assert gpu_suite.load(str(tmp_path), "rung")["rows"] == {"nope": row}
+    proc = _suite("--out", str(tmp_path / "new"), "--stage=all", "--data", str(tmp_path / "no"))
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        f"gpu_suite: --data={tmp_path}/no holds no travelling corpus (meta.json): make it with "
+        "`python benchmarks/gpu_data.py --dataset=DIR/NAME` and carry it, or leave rung out "
+        "of --stage"
+    ]
+    assert not (tmp_path / "new").exists()
 
 
 def test_kernel_items_put_the_common_cases_first():
