@@ -19,15 +19,17 @@ Stages (in this order; `benchmarks/gpu_stages.py` holds them):
   rung     the nine-row rotation-site ablation on a travelling corpus
            (`benchmarks/gpu_data.py` makes it): every row's program compiled at once in
            parallel threads, then the rows trained one after another, `--rung_tokens`
-           each (100M by default). A rung longer than one call goes on in the next: give
-           it the same OUT (copy back the OUT/rung.json a call returned).
+           each (100M by default). A rung longer than one call goes on in the next:
+           the same OUT, or `--resume_from` the folder where a call's files were kept.
   peer     HF `LlamaForCausalLM` in bf16 autocast (SDPA, fused AdamW) against ours at
            `small` and at the 1b body (the batch step1b ran).
 
 Every stage runs in its own child process (its own device memory, a crash stays in
 it) and writes OUT/<stage>.json as it goes: a rerun skips finished stages and, inside
 a stage, finished items (kernel cases, step1b settings, rung rows), so a run cut off by
-its time limit resumes with the same command. `--budget_s` is the wall time of the
+its time limit resumes with the same command; on a machine that starts bare each time,
+`--resume_from DIR` first copies into OUT the stage files an earlier call returned (kept
+in DIR, e.g. committed under results/). `--budget_s` is the wall time of the
 whole command; each stage gets a share of it (SHARES) plus whatever earlier stages left,
 and stops starting new items when its next one would not fit. OUT/gpu_suite.md is the
 page rendered from the JSON files after every stage, and OUT/rung_sweep.json the rung
@@ -67,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the travelling corpus (benchmarks/gpu_data.py) for the rung")  # fmt: skip
     p.add_argument("--rung_tokens", type=float, default=0,
                    help="tokens per rung row (default 100M; a rung keeps its first)")  # fmt: skip
+    p.add_argument("--resume_from", default="",
+                   help="start OUT from the stage files an earlier call left there")  # fmt: skip
     p.add_argument("--report", action="store_true", help="only re-render OUT/gpu_suite.md")
     # a child's own arguments (set by the parent)
     p.add_argument("--child", default="", help=argparse.SUPPRESS)
@@ -100,6 +104,20 @@ def save(out: str, stage: str, result: dict) -> None:
     with open(path + ".tmp", "w") as f:
         json.dump(result, f, indent=1, sort_keys=True)
     os.replace(path + ".tmp", path)
+
+
+def resume_from(folder: str, out: str) -> None:
+    """Copies the stage files of `folder` that OUT lacks into OUT (a run that spans
+    sessions: each call's OUT comes back, is committed, and the next call starts from
+    it); a folder not made yet (the first call) starts afresh, and says so."""
+    if not os.path.isdir(folder):
+        print(f"gpu_suite: nothing to resume in {folder} (no such folder): starting afresh",
+              flush=True)  # fmt: skip
+        return
+    os.makedirs(out, exist_ok=True)
+    for stage in ORDER:
+        if os.path.isfile(os.path.join(folder, f"{stage}.json")) and not load(out, stage):
+            save(out, stage, load(folder, stage))
 
 
 def _run_stage(args, stage: str, deadline: float) -> int:
@@ -147,6 +165,8 @@ def main(argv=None) -> None:
     if args.child:
         return _child(args)
     todo = stages(args.stage)
+    if args.resume_from:
+        resume_from(args.resume_from, args.out)
     rung = load(args.out, "rung")
     if "rung" in todo and not rung.get("done") and not args.report:  # before anything runs
         import gpu_stages

@@ -200,3 +200,18 @@ def test_a_rung_row_trains_and_evaluates_as_the_harness_does(corpus):
             loss = float(sums["loss_sum"]) / float(sums["weight_sum"])
             np.testing.assert_allclose(got["loss_at"][str(length)], loss, rtol=1e-5)
     np.testing.assert_allclose(got["train_curve"][-1][1], float(m["loss"]), rtol=1e-6)
+
+
+def test_resume_from_starts_out_from_an_earlier_calls_files(tmp_path, capsys):
+    """Stage files OUT lacks come from the kept folder; OUT's own are kept; a folder not
+    made yet (the first call) starts afresh."""
+    kept, out = tmp_path / "kept", tmp_path / "out"
+    gpu_suite.save(str(kept.mkdir() or kept), "rung", {"steps": 5, "rows": {"qk": {}}})
+    gpu_suite.save(str(kept), "check", {"done": True, "from": "kept"})
+    gpu_suite.save(str(out.mkdir() or out), "check", {"done": True, "from": "out"})
+    gpu_suite.resume_from(str(kept), str(out))
+    assert gpu_suite.load(str(out), "rung") == {"steps": 5, "rows": {"qk": {}}}
+    assert gpu_suite.load(str(out), "check")["from"] == "out"
+    gpu_suite.resume_from(str(tmp_path / "not_yet"), str(tmp_path / "fresh"))
+    assert "nothing to resume in" in capsys.readouterr().out
+    assert not (tmp_path / "fresh").exists()
