@@ -539,10 +539,16 @@ def _compile_rows(configs: dict) -> dict:
         return name, {k: low.compile() for k, low in lowered[name].items()}, time.time() - t0
 
     workers = max(1, min(len(configs), os.cpu_count() or 1))
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        for name, programs, seconds in pool.map(compile_one, list(configs)):
-            rows[name].train = programs.pop("train")
-            rows[name].evals, rows[name].compile_s = programs, seconds
+    try:
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            compiled = list(pool.map(compile_one, list(configs)))
+    except Exception as e:  # a compiler that will not share its process: one at a time
+        _log(f"rung: compiling in threads failed ({type(e).__name__}: {str(e)[:200]}); "
+             "compiling one row at a time")  # fmt: skip
+        compiled = [compile_one(name) for name in configs]
+    for name, programs, seconds in compiled:
+        rows[name].train = programs.pop("train")
+        rows[name].evals, rows[name].compile_s = programs, seconds
     return rows
 
 

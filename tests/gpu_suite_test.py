@@ -215,3 +215,19 @@ def test_resume_from_starts_out_from_an_earlier_calls_files(tmp_path, capsys):
     gpu_suite.resume_from(str(tmp_path / "not_yet"), str(tmp_path / "fresh"))
     assert "nothing to resume in" in capsys.readouterr().out
     assert not (tmp_path / "fresh").exists()
+
+
+@pytest.mark.slow
+def test_rows_compile_one_by_one_when_threads_fail(corpus, monkeypatch, capsys):
+    import concurrent.futures
+
+    class Broken(concurrent.futures.ThreadPoolExecutor):
+        def map(self, *args, **kwargs):
+            raise RuntimeError("no threads here")
+
+    monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", Broken)
+    shape = gpu_stages.SMOKE_RUNG_SHAPE
+    configs = {r: gpu_stages._rung_config(shape, r, 259, 2, "xla") for r in ("", "qk")}
+    rows = gpu_stages._compile_rows(configs)
+    assert "compiling one row at a time" in capsys.readouterr().out
+    assert set(rows) == {"", "qk"} and all(r.train and len(r.evals) == 3 for r in rows.values())
