@@ -641,12 +641,30 @@ def rung_problem(result: dict, out: str, data: str, tokens: int, smoke: bool) ->
         return (f"gpu_suite: --data={data} holds no travelling corpus (meta.json): make it "
                 "with `python benchmarks/gpu_data.py --dataset=DIR/NAME` and carry it, or leave "
                 "rung out of --stage")  # fmt: skip
-    steps = rung_steps(tokens, SMOKE_RUNG_SHAPE if smoke else RUNG_SHAPE, smoke)
-    if result.get("rows") and result.get("steps") != steps:
+    if not result.get("rows"):
+        return None
+    shape = SMOKE_RUNG_SHAPE if smoke else RUNG_SHAPE
+    steps = rung_steps(tokens, shape, smoke)
+    if result.get("steps") != steps:
         return (f"gpu_suite: {out}/rung.json has rows of {result['steps']} steps "
                 f"({result['tokens_per_run']:,} tokens); this run asks {steps}: use the same "
                 "--rung_tokens or another --out")  # fmt: skip
+    with open(os.path.join(data, "meta.json")) as f:
+        meta = json.load(f)
+    old = result.get("data") or {}
+    if any(old.get(k) != meta.get(k) for k in ("dataset", "vocab_size", "train_tokens", "slices")):
+        return (f"gpu_suite: {out}/rung.json has rows trained on {old.get('dataset')} "
+                f"({_count(old.get('train_tokens'))} tokens carried); --data={data} holds "
+                f"{meta.get('dataset')} ({_count(meta.get('train_tokens'))}): carry the same "
+                "corpus or use another --out")  # fmt: skip
+    if result.get("shape", shape) != shape:
+        return (f"gpu_suite: {out}/rung.json has rows of another model shape "
+                f"({result['shape']}); use another --out")  # fmt: skip
     return None
+
+
+def _count(n) -> str:
+    return "?" if n is None else f"{n:,}"
 
 
 def rung(ctx: Context) -> None:

@@ -144,6 +144,16 @@ def test_a_rung_keeps_its_length_across_calls(corpus, tmp_path):
         "40: use the same --rung_tokens or another --out"
     ]
     assert gpu_suite.load(str(tmp_path), "rung")["rows"] == {"nope": row}
+    # the same length on another corpus: not one rung either
+    other = {"dataset": "other", "train_tokens": 7}
+    gpu_suite.save(str(tmp_path), "rung", dict(rung, steps=40, tokens_per_run=5120, data=other))
+    proc = _suite("--out", str(tmp_path), "--smoke", "--stage=rung", "--rung_tokens=5120",
+                  "--data", str(data), "--budget_s=60")  # fmt: skip
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        f"gpu_suite: {tmp_path}/rung.json has rows trained on other (7 tokens carried); "
+        f"--data={data} holds tiny (5,000): carry the same corpus or use another --out"
+    ]
     proc = _suite("--out", str(tmp_path / "new"), "--stage=all", "--data", str(tmp_path / "no"))
     assert proc.returncode != 0 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [
