@@ -2,20 +2,21 @@
 validation tokens of a prepared dataset as compressed arrays, within the size limit.
 
   python benchmarks/gpu_data.py --dataset=~/rope_data/linux8k --out=gpu_corpus \
-      --train_tokens=100000000 --wheels=.whl
+      --train_tokens=150000000 --wheels=.whl
 
 On the GPU machine (no network): `pip install --no-index --no-deps --target /tmp/site
 .whl/*.whl`, `PYTHONPATH=/tmp/site:.`, then `python -m benchmarks.gpu_suite ... --data
 gpu_corpus`, carrying `gpu_corpus` and `.whl`.
 
-The tokens are taken as `--slices` equal slices spread evenly over the whole split (one
-slice: its start), so a corpus stored in file order (a source tree: all of one directory,
-then the next) travels as a sample of all of it; an EOS joins the slices. Writes
-OUT/train.npy.xz (uint16 tokens), OUT/validation.npy.xz and OUT/validation_bytes.npy.xz
-(the UTF-8 bytes of each validation token, for bits per byte), each an .npy file in
-xz (LZMA) compression (a BPE token stream of source code packs to about a sixth of its
-two bytes a token), and OUT/meta.json (the dataset, its preparing command, the
-vocabulary, the counts, the sizes). Everything a GPU call carries (this folder, the
+The tokens are taken as `--slices` equal slices spread evenly over the whole split
+(`--validation_slices` for the validation split; one slice: its start), so a corpus
+stored in file order (a source tree: all of one directory, then the next) travels as a
+sample of all of it; an EOS joins the slices. Writes OUT/train.npy.xz (uint16 tokens),
+OUT/validation.npy.xz and OUT/validation_bytes.npy.xz (the UTF-8 bytes of each
+validation token, for bits per byte), each an .npy file in xz (LZMA) compression (the
+8k-BPE stream of `linux8k` packs to a sixth or less of its two bytes a token), and
+OUT/meta.json (the dataset, its preparing command, the vocabulary, the counts, the
+sizes). Everything a GPU call carries (this folder, the
 repository's tracked files and any wheels folder named by --also) must stay under
 LIMIT_MIB: over it, nothing is written and the one-line error says by how much.
 """
@@ -63,10 +64,10 @@ def folder_bytes(path: str) -> int:
 
 
 def read_split(path: str, split: str, limit: int | None = None,
-               slices: int = 1) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """(tokens uint16, bytes per token uint16) of `limit` tokens of the split's stream (all
-    of it without a limit), as `slices` equal slices spread evenly over the stream and
-    joined by EOS."""
+               slices: int = 1) -> tuple[np.ndarray, np.ndarray, int]:  # fmt: skip
+    """(tokens uint16, bytes per token uint16, slices taken) of `limit` tokens of the
+    split's stream (all of it without a limit), as `slices` equal slices spread evenly over
+    the stream and joined by EOS."""
     from rope_jax.data import shards
 
     source = shards.TokenSplit(path, split)
@@ -84,7 +85,7 @@ def read_split(path: str, split: str, limit: int | None = None,
             part = source.read(start, min(first + size, start + CHUNK))
             tokens.append(part["tokens"].astype(np.uint16))
             nbytes.append(part["bytes"].astype(np.uint16))
-    return np.concatenate(tokens), np.concatenate(nbytes)
+    return np.concatenate(tokens), np.concatenate(nbytes), slices
 
 
 def dump(array: np.ndarray) -> bytes:
@@ -103,14 +104,15 @@ def load(path: str) -> np.ndarray:
 
 
 def pack(dataset: str, out: str, *, train_tokens: int, also: list[str], slices: int = 1,
-         validation_tokens: int | None = None) -> dict:  # fmt: skip
+         validation_tokens: int | None = None, validation_slices: int = 1) -> dict:  # fmt: skip
     dataset = os.path.abspath(os.path.expanduser(dataset))
     with open(os.path.join(dataset, "metadata.json")) as f:
         meta = json.load(f)
     if int(meta["vocab_size"]) > 65536:
         raise SystemExit(f"gpu_data: {dataset} has {meta['vocab_size']} ids; uint16 holds 65,536")
-    train, _ = read_split(dataset, "train", train_tokens, slices)
-    val, val_bytes = read_split(dataset, "validation", validation_tokens, slices)
+    train, _, slices = read_split(dataset, "train", train_tokens, slices)
+    val, val_bytes, validation_slices = read_split(dataset, "validation", validation_tokens,
+                                                   validation_slices)  # fmt: skip
     files = {"train": dump(train), "validation": dump(val), "validation_bytes": dump(val_bytes)}
     payload = sum(len(b) for b in files.values()) + 4096
     others = tracked_bytes() + sum(folder_bytes(p) for p in also)
@@ -136,6 +138,7 @@ def pack(dataset: str, out: str, *, train_tokens: int, also: list[str], slices: 
         train_tokens_in_dataset=int(meta["splits"]["train"]["stream_tokens"]),
         slices=slices,
         validation_tokens=int(val.size),
+        validation_slices=validation_slices,
         validation_bytes=int(val_bytes.sum()),
         validation_bytes_per_token=float(val_bytes.sum() / val.size),
         data_mib=round(payload / 2**20, 1),
@@ -164,9 +167,10 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", required=True, help="a prepared dataset directory")
     p.add_argument("--out", default=os.path.join(_ROOT, "gpu_corpus"))
-    p.add_argument("--train_tokens", type=int, default=100_000_000)
+    p.add_argument("--train_tokens", type=int, default=150_000_000)
+    p.add_argument("--slices", type=int, default=100, help="evenly spread training slices")
     p.add_argument("--validation_tokens", type=int, default=1_000_000)
-    p.add_argument("--slices", type=int, default=100, help="evenly spread slices of each split")
+    p.add_argument("--validation_slices", type=int, default=10)
     p.add_argument("--also", default="", help="comma list of other carried folders (wheels)")
     p.add_argument("--wheels", default="", help="first download WHEELS into this folder")
     args = p.parse_args(argv)
@@ -177,6 +181,7 @@ def main(argv=None) -> None:
         raise SystemExit(f"gpu_data: {args.dataset} is not a prepared dataset (no metadata.json)")
     info = pack(args.dataset, args.out, train_tokens=args.train_tokens, slices=args.slices,
                 validation_tokens=args.validation_tokens,
+                validation_slices=args.validation_slices,
                 also=[a for a in args.also.split(",") if a])  # fmt: skip
     print(json.dumps(info, indent=1))
 
