@@ -132,6 +132,10 @@ def _rung(r: dict) -> list[str]:
                 "One seed: a hint, not a finding; its seed noise is unmeasured."]  # fmt: skip
     if len(rows) < len(lm.ROWS):
         out.append(f"Rows finished: {len(rows)} of {len(lm.ROWS)} (the rest did not fit).")
+    devices = {m.get("device") for m in rows.values()} - {None}
+    if len(devices) > 1:  # a rung that spanned sessions on different GPU kinds
+        out.append("Rows ran on more than one device: " + ", ".join(
+            f"{row} {rows[row].get('device')}" for row in order) + ".")  # fmt: skip
     return out
 
 

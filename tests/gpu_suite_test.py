@@ -124,7 +124,10 @@ def test_a_stage_resumes_after_its_finished_items(tmp_path):
     assert gpu_suite.load(str(tmp_path), "kernels") == {}
     page = gpu_report.render({"rung": {**r, "stopped_for_time": True}})
     assert "## rung (partial, stopped for time)" in page
-    assert "Rows finished: 1 of 9" in page
+    assert "Rows finished: 1 of 9" in page and "more than one device" not in page
+    two = {"nope": dict(row, device="H100"), "qk": dict(row, loss=0.9, device="H200")}
+    page = gpu_report.render({"rung": {**r, "rows": two}})
+    assert "Rows ran on more than one device: qk H200, nope H100." in page
     # a later call that finished the stage: done, whatever an earlier call recorded
     page = gpu_report.render({"rung": {**r, "stopped_for_time": True, "done": True}})
     assert "## rung (done)" in page
