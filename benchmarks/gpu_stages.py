@@ -469,6 +469,11 @@ def _windows(tokens, starts, t: int, nbytes=None) -> dict:
     return out
 
 
+def _random_windows(tokens, rng, b: int, t: int) -> dict:
+    """A training batch: B windows of T + 1 tokens at random starts drawn from `rng`."""
+    return _windows(tokens, rng.integers(0, len(tokens) - t - 1, b), t)
+
+
 def _rung_config(shape: dict, sites: str, vocab: int, steps: int, impl: str):
     from configs import lm
 
@@ -565,8 +570,7 @@ def _step_time(row: _Row, train, *, steps: int) -> float:
         state = jax.jit(run.init_fn, out_shardings=run.shardings)()
         times = []
         for i in range(steps + 1):
-            batch = harness.put_batch(_windows(train, rng.integers(0, len(train) - t - 1, b), t),
-                                      run.batch_sharding)  # fmt: skip
+            batch = harness.put_batch(_random_windows(train, rng, b, t), run.batch_sharding)
             start = time.perf_counter()
             state, m = row.train(state, batch)
             jax.block_until_ready(m)
@@ -615,7 +619,7 @@ def _train_row(row: _Row, train, val, *, seed: int, eval_windows: int) -> dict:
         losses = []
         t1 = time.time()
         for i in range(steps):
-            batch = _windows(train, rng.integers(0, len(train) - t - 1, b), t)
+            batch = _random_windows(train, rng, b, t)
             state, m = row.train(state, harness.put_batch(batch, run.batch_sharding))
             if i % 200 == 0 or i == steps - 1:
                 losses.append([i, float(m["loss"])])
@@ -636,7 +640,8 @@ def rung_steps(tokens: int, shape: dict, smoke: bool) -> int:
 
 def rung_problem(result: dict, out: str, data: str, tokens: int, smoke: bool) -> str | None:
     """Why the rung cannot run as asked (one line), or None: no corpus at `data`, or rows
-    already in OUT/rung.json at another length (rows compare only at one length)."""
+    already in OUT/rung.json at another length, on another corpus or of another model
+    shape (a rung's rows compare only when these are the same)."""
     if not os.path.isfile(os.path.join(data, "meta.json")):
         return (f"gpu_suite: --data={data} holds no travelling corpus (meta.json): make it "
                 "with `python benchmarks/gpu_data.py --dataset=DIR/NAME` and carry it, or leave "

@@ -43,13 +43,17 @@ def plan_of(rows: dict, seeds, settings: dict) -> dict:
             "settings": dict(settings)}  # fmt: skip
 
 
+def _same(a, b) -> bool:
+    """Equal as JSON (key order ignored): how a plan read back compares with a new one."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
 def extends(old: dict, new: dict) -> bool:
     """Whether plan `new` only adds seeds or rows to `old` (the same settings, every old
     row with its overrides, every old seed): its report keeps all the old one held."""
-    same = lambda a, b: json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
-    rows_kept = all(r in new["rows"] and same(o, new["rows"][r]) for r, o in old["rows"].items())
+    rows_kept = all(r in new["rows"] and _same(o, new["rows"][r]) for r, o in old["rows"].items())
     return (
-        same(old["settings"], new["settings"])
+        _same(old["settings"], new["settings"])
         and set(old["seeds"]) <= set(new["seeds"])
         and rows_kept
     )
@@ -71,8 +75,7 @@ def check_results(results: str, runs, context: dict) -> None:
                          "--results or pass --overwrite") from None  # fmt: skip
     rows = {run.row: context["overrides"][run.row] for run in runs}
     new_plan = plan_of(rows, context["seeds"], context["settings"])
-    changed = [key for key in new_plan if json.dumps(new_plan[key], sort_keys=True)
-               != json.dumps(old_plan[key], sort_keys=True)]  # fmt: skip
+    changed = [key for key in new_plan if not _same(new_plan[key], old_plan[key])]
     if changed and not extends(old_plan, new_plan):
         raise SweepError(f"{path} holds results of another plan (different "
                          f"{', '.join(changed)}): choose another --results, or pass "
