@@ -520,9 +520,9 @@ def _batch_specs(sharding, rows: int, length: int, *, nbytes: bool = False) -> d
 def _compile_rows(configs: dict) -> dict:
     """{row: _Row}: every row's train program and its eval programs at `eval_lengths` (each
     eval batch holds B x T tokens), traced here one after another and compiled in
-    parallel threads (XLA compiles outside Python's lock: on 2 CPU cores two rows'
-    compiles took 3.5 s together against 4.2 s one after the other; the rung records the
-    wall time of its compiles on the GPU host)."""
+    parallel threads (XLA compiles outside Python's lock; on 2 CPU cores that makes no
+    reliable difference, `benchmarks/compile_threads.py`; the rung records the wall time
+    of its compiles on the GPU host)."""
     import concurrent.futures
 
     from rope_jax import harness, sharding

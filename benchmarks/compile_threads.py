@@ -1,0 +1,60 @@
+"""Compiling in threads against one after another, on this host: two rows of the GPU
+rung (a smaller model than the rung's, on CPU) and two kernel-check cases.
+
+  python benchmarks/compile_threads.py
+
+Prints the wall seconds of each way, each measured in a fresh process (no compile cache
+shared between them); tracing is inside the clock for both, as the stages do it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [_ROOT, os.path.join(_ROOT, "benchmarks")]
+
+import gpu_stages  # noqa: E402
+
+SHAPE = dict(gpu_stages.RUNG_SHAPE, num_layers=4, embed_dim=256, num_heads=4, num_kv_heads=2,
+             mlp_dim=768, seq_len=128, batch=8)  # fmt: skip
+
+
+def rung_rows(threads: bool) -> float:
+    configs = {r: gpu_stages._rung_config(SHAPE, r, 8000, 100, "xla") for r in ("qk", "vo")}
+    if threads:
+        return _timed(lambda: gpu_stages._compile_rows(configs))
+    return _timed(lambda: [gpu_stages._compile_rows({r: c}) for r, c in configs.items()])
+
+
+def kernel_cases(threads: bool) -> float:
+    args = [("separate", s, ["dot_product", "chunked"], ("float32", "bfloat16"), True)
+            for s in ("qk", "vo")]  # fmt: skip
+    if not threads:
+        return _timed(lambda: [gpu_stages._loss_and_grads_all(*a) for a in args])
+    workers = [threading.Thread(target=gpu_stages._loss_and_grads_all, args=a) for a in args]
+    return _timed(lambda: ([w.start() for w in workers], [w.join() for w in workers]))
+
+
+def _timed(fn) -> float:
+    start = time.time()
+    fn()
+    return time.time() - start
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3:  # one measurement: WHAT THREADS
+        fn = {"rung": rung_rows, "kernels": kernel_cases}[sys.argv[1]]
+        print(f"{fn(sys.argv[2] == '1'):.1f}")
+        sys.exit()
+    print(f"{os.cpu_count()} CPU cores")
+    for what, name in (("rung", "rung rows (train + 3 eval programs each)"),
+                       ("kernels", "kernel cases")):  # fmt: skip
+        wall = [subprocess.run([sys.executable, __file__, what, str(t)], check=True,
+                               capture_output=True, text=True).stdout.split()[-1]
+                for t in (0, 1)]  # fmt: skip
+        print(f"{name}: one after another {wall[0]} s, in threads {wall[1]} s")
