@@ -51,6 +51,21 @@ def test_mean_and_std_at_every_length():
     assert rung["stats"]["8"]["a"] == (2.0, 1.0) and rung["stats"]["16"]["a"][0] == 3.0
 
 
+def test_growth_from_t_to_the_longest_length_and_a_label_that_names_size_and_corpus():
+    report = sweep({"a": [1.0, 2.0], "nope": [4.0, 4.0]})
+    for run in report["rows"]["a"]["runs"]:
+        run["loss"]["16"] = run["loss"]["8"] + 0.5  # a grows by 0.5, nope by 1.0 (sweep's +1)
+    rung = ladder.rung(report, ["a", "nope"])
+    assert rung["growth"] == pytest.approx({"a": 0.5, "nope": 1.0})
+    assert "| a | +0.500 |" in ladder.render([rung], "cmd")
+    report["seq_lens"] = ["8"]  # evaluated at T alone: nothing to grow, no table
+    assert ladder.rung(report, ["a"])["growth"] == {}
+    report["settings"].update({"data.global_batch_size": 4, "data.name": "linux8k"})
+    assert ladder.label(report) == "L2 D16 T8 320 tok linux8k"
+    report["settings"].update({"train.num_steps": 50_000, "data.tokenizer": "train:8000"})
+    assert ladder.label(report) == "L2 D16 T8 1.6M tok linux8k BPE 8000"
+
+
 @pytest.mark.slow
 def test_command_line_writes_table_plot_and_json(tmp_path):
     paths = []

@@ -9,7 +9,8 @@ the ladder. Per rung: Kendall tau of our order at the training length T against 
 reference table (the config's ARTICLE_LOSS), with a 95% bootstrap interval over seeds
 (each row's seeds resampled with replacement, the row mean recomputed, tau again; none
 for a rung with one seed per row, which has no measure of the seed noise),
-NoPE's rank, and every row's loss at T, 2T and 4T as mean ± std over seeds. Writes
+NoPE's rank, every row's loss at T, 2T and 4T as mean ± std over seeds, and its growth
+from T to 4T. Writes
 <out>.md, <out>.png and <out>.json.
 """
 
@@ -26,12 +27,17 @@ from rope_jax.experiments.report import kendall, mean_std, ranks
 
 
 def label(report: dict) -> str:
-    """A rung's name from its settings: layers, width, context, steps."""
+    """A rung's name from its settings: layers, width, context, tokens per run (steps
+    where the batch is not recorded), corpus and tokenizer."""
     s = report["settings"]
+    steps, t = s.get("train.num_steps"), s.get("data.seq_len")
+    batch = s.get("data.global_batch_size")
+    n = steps * batch * t if steps and batch and t else None
+    size = f"{steps} steps" if n is None else f"{n / 1e6:.1f}M tok" if n >= 1e5 else f"{n} tok"
     tok = s.get("data.tokenizer", "")
-    return (f"L{s.get('model.num_layers')} D{s.get('model.embed_dim')} "
-            f"T{s.get('data.seq_len')} {s.get('train.num_steps')} steps"
-            + (f" {tok.replace('train:', 'BPE ')}" if tok else ""))  # fmt: skip
+    return " ".join(x for x in (f"L{s.get('model.num_layers')} D{s.get('model.embed_dim')} T{t}",
+                                size, s.get("data.name", ""),
+                                tok.replace("train:", "BPE ") if tok else "") if x)  # fmt: skip
 
 
 def seed_losses(report: dict, rows, length: str) -> dict[str, list[float]]:
@@ -66,6 +72,9 @@ def rung(report: dict, rows) -> dict:
     order = ranks({r: float(np.mean(v)) for r, v in at_t.items()})
     stats = {length: {r: mean_std(v) for r, v in seed_losses(report, rows, length).items()}
              for length in report["seq_lens"]}  # fmt: skip
+    longest = report["seq_lens"][-1]
+    growth = {r: float(np.mean(np.subtract(seed_losses(report, [r], longest)[r], at_t[r])))
+              for r in rows} if longest != t else {}  # fmt: skip
     bpb = {}  # bits/byte at T, for rungs whose runs recorded it (any tokenizer compares)
     for r in rows:
         values = [run.get("bits_per_byte", {}).get(t) for run in report["rows"][r]["runs"]]
@@ -75,7 +84,8 @@ def rung(report: dict, rows) -> dict:
             "seq_lens": report["seq_lens"], "tau": tau,
             "tau_p": kendall({r: np.mean(v) for r, v in at_t.items()}, reference)[1],
             "tau_ci": [low, high], "ranks": order, "nope_rank": order.get("nope"),
-            "reference_ranks": ranks(reference), "stats": stats, "bits_per_byte": bpb}  # fmt: skip
+            "reference_ranks": ranks(reference), "stats": stats, "bits_per_byte": bpb,
+            "growth": growth}  # fmt: skip
 
 
 def _pm(stat) -> str:
@@ -105,6 +115,15 @@ def render(rungs: list[dict], command: str) -> str:
     for r in sorted(rows, key=lambda r: ref.get(r, 99)):
         out.append(f"| {r} ({ref.get(r, '—')}) | "
                    + " | ".join(str(g["ranks"].get(r, "—")) for g in rungs) + " |")  # fmt: skip
+    grown = [g for g in rungs if g.get("growth")]
+    if grown:
+        out += ["", "Growth of the held-out loss from T to the longest length evaluated "
+                "(4T; nats/token, mean over seeds; 0 = no worse at longer context):", "",
+                "| row | " + " | ".join(g["label"] for g in grown) + " |",
+                "|---|" + "---|" * len(grown)]  # fmt: skip
+        for r in sorted(rows, key=lambda r: ref.get(r, 99)):
+            cells = [f"{g['growth'][r]:+.3f}" if r in g["growth"] else "—" for g in grown]
+            out.append(f"| {r} | " + " | ".join(cells) + " |")
     for g in rungs:
         lens = g["seq_lens"]
         bpb = g.get("bits_per_byte") or {}
