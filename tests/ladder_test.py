@@ -62,6 +62,9 @@ def test_growth_from_t_to_the_longest_length_and_a_label_that_names_size_and_cor
     assert ladder.rung(report, ["a"])["growth"] == {}
     report["settings"].update({"data.global_batch_size": 4, "data.name": "linux8k"})
     assert ladder.label(report) == "L2 D16 T8 320 tok linux8k"
+    for run in report["rows"]["a"]["runs"] + report["rows"]["nope"]["runs"]:
+        run["tokenizer"] = "bpe8000-feaa960e"  # a prepared corpus's own tokenizer
+    assert ladder.label(report) == "L2 D16 T8 320 tok linux8k BPE 8000"
     report["settings"].update({"train.num_steps": 50_000, "data.tokenizer": "train:8000"})
     assert ladder.label(report) == "L2 D16 T8 1.6M tok linux8k BPE 8000"
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -34,10 +35,20 @@ def label(report: dict) -> str:
     batch = s.get("data.global_batch_size")
     n = steps * batch * t if steps and batch and t else None
     size = f"{steps} steps" if n is None else f"{n / 1e6:.1f}M tok" if n >= 1e5 else f"{n} tok"
-    tok = s.get("data.tokenizer", "")
     return " ".join(x for x in (f"L{s.get('model.num_layers')} D{s.get('model.embed_dim')} T{t}",
-                                size, s.get("data.name", ""),
-                                tok.replace("train:", "BPE ") if tok else "") if x)  # fmt: skip
+                                size, s.get("data.name", ""), tokenizer(report)) if x)  # fmt: skip
+
+
+def tokenizer(report: dict) -> str:
+    """'BPE n' for a rung trained on n subword ids (set by data.tokenizer, or the one its
+    runs recorded, as a prepared corpus's); '' for bytes."""
+    tok = report["settings"].get("data.tokenizer", "")
+    if tok:
+        return tok.replace("train:", "BPE ")
+    runs = [run for row in report["rows"].values() for run in row["runs"]]
+    names = {run.get("tokenizer", "bytes") for run in runs}
+    match = re.fullmatch(r"bpe(\d+)-\w+", names.pop()) if len(names) == 1 else None
+    return f"BPE {match.group(1)}" if match else ""
 
 
 def seed_losses(report: dict, rows, length: str) -> dict[str, list[float]]:
