@@ -69,3 +69,50 @@ def test_prepare_says_so_in_one_line_without_the_package():
     assert proc.returncode != 0
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "apt-get install linux-source-6.12" in proc.stderr
+
+
+def test_composition_counts_every_byte_once_and_estimates_tokens(tree, tmp_path):
+    """benchmarks/corpus_composition.py on the small tree: each document lands in the
+    first group whose prefix it has, bytes per split add up to the documents' sizes, and
+    the token estimate of a fully sampled group is its exact token count."""
+    import importlib.util
+    import json
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks/corpus_composition.py"
+    spec = importlib.util.spec_from_file_location("corpus_composition", path)
+    comp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(comp)
+    assert comp.group_of("drivers/gpu/drm/amd/include/asic_reg/x.h").startswith("AMD")
+    assert comp.group_of("drivers/d1.c") == "drivers/ (the rest)"
+    assert comp.group_of("kernel/fork.c").startswith("everything else")
+
+    from rope_jax.data import tokenizers
+
+    byte_tok = tokenizers.ByteTokenizer()
+    table = comp.count("linux_source", byte_tok, permille=1000)  # every document sampled
+    docs = list(readers.documents("linux_source"))
+    for s in splits.SPLITS:
+        want = sum(len(d.read().encode()) for d in docs if d.split == s)
+        assert sum(row[s]["bytes"] for row in table.values()) == want
+    assert (
+        table["drivers/ (the rest)"]["train"]["documents"]
+        + sum(table["drivers/ (the rest)"][s]["documents"] for s in ("validation", "test"))
+        == 60
+    )
+    tokens = comp.estimate(table)  # bytes: one token per byte, so estimates are exact
+    assert tokens["drivers/ (the rest)"]["train"] == table["drivers/ (the rest)"]["train"]["bytes"]
+    assert tokens[comp.GROUPS[0][0]]["train"] is None  # no AMD tables in this tree
+
+    dataset = tmp_path / "ds"
+    (dataset / "tokenizer").mkdir(parents=True)
+    byte_tok.save(str(dataset / "tokenizer"))
+    (dataset / "metadata.json").write_text(
+        json.dumps({"settings": {"source": "linux_source"}, "splits": {"train": {"tokens": 1}}})
+    )
+    out = tmp_path / "comp.md"
+    assert comp.main([f"--dataset={dataset}", "--sample_permille=1000", f"--out={out}"]) == 0
+    assert "| drivers/ (the rest) | train |" in out.read_text()
+    (dataset / "metadata.json").write_text(json.dumps({"settings": {"source": "shakespeare"}}))
+    with pytest.raises(SystemExit, match="not from an archive"):
+        comp.main([f"--dataset={dataset}"])
