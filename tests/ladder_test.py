@@ -56,8 +56,8 @@ def test_growth_from_t_to_the_longest_length_and_a_label_that_names_size_and_cor
     for run in report["rows"]["a"]["runs"]:
         run["loss"]["16"] = run["loss"]["8"] + 0.5  # a grows by 0.5, nope by 1.0 (sweep's +1)
     rung = ladder.rung(report, ["a", "nope"])
-    assert rung["growth"] == pytest.approx({"a": 0.5, "nope": 1.0})
-    assert "| a | +0.500 |" in ladder.render([rung], "cmd")
+    assert rung["growth"] == {"a": (0.5, 0.0), "nope": (1.0, 0.0)}
+    assert "| a | +0.500 ± 0.000 |" in ladder.render([rung], "cmd")
     report["seq_lens"] = ["8"]  # evaluated at T alone: nothing to grow, no table
     assert ladder.rung(report, ["a"])["growth"] == {}
     report["settings"].update({"data.global_batch_size": 4, "data.name": "linux8k"})

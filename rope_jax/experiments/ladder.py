@@ -84,8 +84,10 @@ def rung(report: dict, rows) -> dict:
     stats = {length: {r: mean_std(v) for r, v in seed_losses(report, rows, length).items()}
              for length in report["seq_lens"]}  # fmt: skip
     longest = report["seq_lens"][-1]
-    growth = {r: float(np.mean(np.subtract(seed_losses(report, [r], longest)[r], at_t[r])))
-              for r in rows} if longest != t else {}  # fmt: skip
+    at_longest = seed_losses(report, rows, longest)
+    growth = (
+        {r: mean_std(np.subtract(at_longest[r], at_t[r])) for r in rows} if longest != t else {}
+    )
     bpb = {}  # bits/byte at T, for rungs whose runs recorded it (any tokenizer compares)
     for r in rows:
         values = [run.get("bits_per_byte", {}).get(t) for run in report["rows"][r]["runs"]]
@@ -99,9 +101,9 @@ def rung(report: dict, rows) -> dict:
             "growth": growth}  # fmt: skip
 
 
-def _pm(stat) -> str:
+def _pm(stat, sign: bool = False) -> str:
     mean, std = stat
-    return f"{mean:.3f}" + ("" if std is None else f" ± {std:.3f}")
+    return f"{mean:{'+' if sign else ''}.3f}" + ("" if std is None else f" ± {std:.3f}")
 
 
 def render(rungs: list[dict], command: str) -> str:
@@ -129,11 +131,11 @@ def render(rungs: list[dict], command: str) -> str:
     grown = [g for g in rungs if g.get("growth")]
     if grown:
         out += ["", "Growth of the held-out loss from T to the longest length evaluated "
-                "(4T; nats/token, mean over seeds; 0 = no worse at longer context):", "",
+                "(4T; nats/token, mean ± std over seeds; 0 = no worse at longer context):", "",
                 "| row | " + " | ".join(g["label"] for g in grown) + " |",
                 "|---|" + "---|" * len(grown)]  # fmt: skip
         for r in sorted(rows, key=lambda r: ref.get(r, 99)):
-            cells = [f"{g['growth'][r]:+.3f}" if r in g["growth"] else "—" for g in grown]
+            cells = [_pm(g["growth"][r], sign=True) if r in g["growth"] else "—" for g in grown]
             out.append(f"| {r} | " + " | ".join(cells) + " |")
     for g in rungs:
         lens = g["seq_lens"]
