@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     with open(meta_path) as f:
         meta = json.load(f)
     source = meta.get("settings", {}).get("source")
-    if source not in archives.ARCHIVES:
+    if not isinstance(source, str) or archives.selection(source) is None:
         sys.exit(f"error: --dataset={args.dataset} was prepared from {source!r}, not from "
                  f"an archive ({', '.join(archives.ARCHIVES)})")  # fmt: skip
     if not 0 < args.sample_permille <= 1000:

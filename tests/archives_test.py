@@ -50,6 +50,23 @@ def test_text_files_are_documents_and_binaries_are_not(tree):
     assert readers.fingerprint("linux_source") == readers.fingerprint("linux_source")
 
 
+def test_a_selection_keeps_or_leaves_out_paths_and_keeps_their_splits(tree):
+    full = {d.key: d.split for d in readers.documents("linux_source")}
+    kept = {d.key: d.split for d in readers.documents("linux_source:kernel/,arch/")}
+    assert kept == {
+        "kernel/fork.c": full["kernel/fork.c"],
+        "arch/x86/Kconfig": full["arch/x86/Kconfig"],
+    }
+    rest = {d.key: d.split for d in readers.documents("linux_source:-drivers/,-kernel/")}
+    assert rest == {k: v for k, v in full.items() if not k.startswith(("drivers/", "kernel/"))}
+    mixed = {d.key for d in readers.documents("linux_source:drivers/,-drivers/d1")}
+    assert mixed == {k for k in full if k.startswith("drivers/") and not k.startswith("drivers/d1")}
+    assert readers.fingerprint("linux_source:kernel/") == readers.fingerprint("linux_source")
+    for bad in ("linux_source:", "linux_source:kernel/,", "linux_source:-"):
+        with pytest.raises(readers.PrepareError, match="comma-separated path prefixes"):
+            list(readers.documents(bad))
+
+
 def test_a_missing_package_is_one_line(tmp_path, monkeypatch):
     archive = archives.ARCHIVES["linux_source"]
     monkeypatch.setitem(archives.ARCHIVES, "linux_source",

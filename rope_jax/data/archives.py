@@ -47,6 +47,40 @@ ARCHIVES = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """An archive source: the archive's name, and the paths kept. `linux_source` keeps
+    every text file; `linux_source:Documentation/,kernel/` only paths under those
+    prefixes; `linux_source:-drivers/gpu/drm/amd/include/asic_reg/` all but those
+    (both kinds may be mixed). Held-out documents are the same files whatever the
+    selection (the split is a hash of the path), so a selection's validation split is
+    exactly the full corpus's validation files under it."""
+
+    name: str
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    def keeps(self, path: str) -> bool:
+        if self.include and not path.startswith(self.include):
+            return False
+        return not (self.exclude and path.startswith(self.exclude))
+
+
+def selection(source: str) -> Selection | None:
+    """The Selection a `--source` names, or None when it names no archive."""
+    name, colon, paths = source.partition(":")
+    if name not in ARCHIVES:
+        return None
+    prefixes = [p.strip() for p in paths.split(",")] if colon else []
+    if colon and (not prefixes or any(p in ("", "-") for p in prefixes)):
+        raise PrepareError(
+            f"--source={source}: after '{name}:' give comma-separated path prefixes inside "
+            "the tree, e.g. Documentation/ (kept) or -drivers/gpu/ (left out)"
+        )
+    return Selection(name, tuple(p for p in prefixes if not p.startswith("-")),
+                     tuple(p[1:] for p in prefixes if p.startswith("-")))  # fmt: skip
+
+
 def check(name: str) -> Archive:
     archive = ARCHIVES[name]
     if not os.path.isfile(archive.path):
@@ -62,8 +96,9 @@ def _kept(archive: Archive, name: str) -> bool:
     return base.endswith(archive.suffixes) or base.split(".")[0] in archive.names
 
 
-def members(name: str) -> Iterator[tuple[str, bytes]]:
-    """(path inside the tree, bytes) of every kept text file, in the archive's order."""
+def members(name: str, keeps=None) -> Iterator[tuple[str, bytes]]:
+    """(path inside the tree, bytes) of every kept text file, in the archive's order;
+    `keeps(path)` (e.g. a Selection's) leaves out the paths it rejects, unread."""
     import tarfile
 
     archive = check(name)
@@ -71,8 +106,10 @@ def members(name: str) -> Iterator[tuple[str, bytes]]:
         for member in tar:
             if not (member.isfile() and _kept(archive, member.name)):
                 continue
+            rel = member.name.split("/", 1)[-1]  # without the top folder
+            if keeps is not None and not keeps(rel):
+                continue
             data = tar.extractfile(member).read()
             if b"\0" in data:  # binary (firmware blobs, images with a text suffix)
                 continue
-            rel = member.name.split("/", 1)[-1]  # without the top folder
             yield rel, data

