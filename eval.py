@@ -5,6 +5,7 @@ r"""Evaluates a checkpoint of a training run on held-out data.
   python eval.py --workdir=runs/x --fallback            # skip damaged newest steps
   python eval.py --workdir=runs/x --splits=test --tag=test   # eval_<step>_test.json
   python eval.py --workdir=runs/x --seq_lens=128,512 --passkey=100   # + passkey retrieval
+  python eval.py --workdir=runs/x --data=linux8k_docs --tag=docs   # another dataset
   python eval.py --workdir=runs/x --generate --prompt="ROMEO:" --max_new_tokens=200
   python eval.py --hf=path/to/hf_model --workdir=runs/m [--config=configs/lm.py] [--generate]
 
@@ -15,6 +16,8 @@ measure extrapolation. --splits (default `eval.splits`) adds one entry per named
 split at the training length: the held-out generalisation splits of multimodal data,
 with answer accuracy overall and per task. An existing file made with other settings
 is never replaced unless --overwrite. The checkpoint is verified against its checksums.
+--data (and --data_dir) evaluate on another prepared dataset than training's, one with
+the run's tokenizer (checked first), e.g. one part of the training corpus.
 With --generate it instead prints the prompt and its continuation (greedy, or sampled
 with --temperature > 0), decoded with a key/value cache, up to the first EOS.
 With --hf, a Hugging Face model directory is first imported into --workdir as a run at
@@ -45,6 +48,10 @@ def define_flags():
     flags.DEFINE_integer("step", None, "Checkpoint step; default the newest.")
     flags.DEFINE_list("seq_lens", [], "Context lengths; default training + eval.seq_lens.")
     flags.DEFINE_string("split", None, "Data split; default config.data.eval_split.")
+    flags.DEFINE_string(
+        "data", None, "Another dataset (data.name) with the run's tokenizer; use with --tag."
+    )
+    flags.DEFINE_string("data_dir", None, "With --data: its data.data_dir (default the run's).")
     flags.DEFINE_list("splits", None, "Extra splits at the training length; default eval.splits.")
     flags.DEFINE_integer("num_batches", None, "Batches per length; 0 = whole split.")
     flags.DEFINE_bool("fallback", False, "If a checkpoint is damaged, use the newest good.")
@@ -121,6 +128,8 @@ def main(argv):
             rope_scaling=rope_scaling,
             max_position_embeddings=FLAGS.max_position_embeddings,
             passkey_examples=FLAGS.passkey,
+            data_name=FLAGS.data,
+            data_dir=FLAGS.data_dir,
         )
     except ValueError as e:  # CheckpointError, DataSourceError, WorkdirError, config errors
         cli.fail(e)

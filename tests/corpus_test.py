@@ -244,7 +244,7 @@ def _run(*args, cwd=ROOT):
 
 
 @pytest.mark.slow
-def test_train_and_eval_on_a_prepared_bpe_corpus_report_bits_per_byte(data_root, tmp_path):
+def test_train_and_eval_on_a_prepared_bpe_corpus_report_bits_per_byte(data_root, corpus, tmp_path):
     workdir = str(tmp_path / "run")
     flags = ["--config.data.name=bpe", f"--config.data.data_dir={data_root}",
              f"--config.data.seq_len={T}", "--config.data.global_batch_size=4",
@@ -265,6 +265,23 @@ def test_train_and_eval_on_a_prepared_bpe_corpus_report_bits_per_byte(data_root,
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(open(os.path.join(workdir, "eval_4.json")).read())[str(T)]
     assert result["bits_per_byte"] == pytest.approx(final["eval/bits_per_byte"], rel=1e-6)
+    # another dataset with the run's tokenizer (a part of the corpus): --data, --data_dir
+    part = str(tmp_path / "parts")
+    prep.prepare(prep.Settings(source=corpus.replace("*.txt", "doc[0-3]*.txt"),
+                               tokenizer=os.path.join(path, "tokenizer"), shard_tokens=300,
+                               record_tokens=40, held_out_percent=30), "part", part,
+                 progress=False)  # fmt: skip
+    proc = _run("eval.py", f"--workdir={workdir}", "--num_batches=0", "--data=part",
+                f"--data_dir={part}", "--tag=part")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    other = json.loads(open(os.path.join(workdir, "eval_4_part.json")).read())
+    meta = shards.read_metadata(os.path.join(part, "part"))["splits"]["validation"]
+    first = int(shards.open_split(os.path.join(part, "part"), "validation").read(0, 1)["bytes"][0])
+    assert other[str(T)]["bytes"] == meta["bytes"] - first != result["bytes"]
+    assert other["settings"]["data"] == {"name": "part", "data_dir": part}
+    proc = _run("eval.py", f"--workdir={workdir}", "--data=bytes", "--tag=bytes")
+    assert proc.returncode != 0 and "trained with tokenizer bpe400-" in proc.stderr
+    assert "Traceback" not in proc.stderr and not os.path.exists(f"{workdir}/eval_4_bytes.json")
     proc = _run(
         "eval.py", f"--workdir={workdir}", "--generate", "--prompt=the", "--max_new_tokens=5"
     )

@@ -179,6 +179,20 @@ def with_rope_scaling(config, scaling=None, max_position_embeddings=None):
     return checks.resolve(config)
 
 
+def with_data(config, name: str | None = None, data_dir: str | None = None):
+    """A copy of `config` reading another dataset (`data.name`, `data.data_dir`), e.g. one
+    part of the training corpus prepared with the same tokenizer; the tokenizer is
+    checked against the run's before anything is restored."""
+    if not name and not data_dir:
+        return config
+    config = defaults.fill(config)  # a full, mutable copy
+    if name:
+        config.data.name = name
+    if data_dir:
+        config.data.data_dir = data_dir
+    return checks.resolve(config)
+
+
 def parse_seq_lens(values) -> list[int]:
     """`--seq_lens` as positive integers (strings from the command line, or ints); one
     line naming the flag otherwise."""
@@ -227,6 +241,24 @@ def check_existing(path: str, settings: dict, overwrite: bool) -> None:
         )
 
 
+def eval_settings(config, *, seq_lens, split, splits, num_batches, rope_scaling,
+                  max_position_embeddings, passkey_examples, other_data) -> dict:  # fmt: skip
+    """What an evaluation is made with (recorded in its file): the arguments, with the
+    run's config filling those not given."""
+    lengths = parse_seq_lens(seq_lens) or [config.data.seq_len, *config.eval.seq_lens]
+    settings = {"seq_lens": lengths,
+                "split": split or config.data.eval_split,
+                "splits": list(config.eval.splits if splits is None else splits),
+                "num_batches": config.eval.num_batches if num_batches is None else num_batches,
+                "rope_scaling": rope_scaling,
+                "max_position_embeddings": max_position_embeddings}  # fmt: skip
+    if passkey_examples:  # absent when 0, as in files made before passkeys existed
+        settings["passkey_examples"] = passkey_examples
+    if other_data:  # likewise absent for training's own data
+        settings["data"] = {"name": config.data.name, "data_dir": config.data.data_dir}
+    return settings
+
+
 def evaluate_checkpoint(
     workdir: str,
     *,
@@ -241,26 +273,28 @@ def evaluate_checkpoint(
     rope_scaling: dict | None = None,
     max_position_embeddings: int | None = None,
     passkey_examples: int = 0,
+    data_name: str | None = None,
+    data_dir: str | None = None,
 ) -> dict:
     """Restores a checkpoint into an abstract target and evaluates it; writes JSON.
 
     `rope_scaling` (a dict of rope_parameters keys) evaluates under another context-
-    scaling rule than training used; `max_position_embeddings` likewise.
+    scaling rule than training used; `max_position_embeddings` likewise. `data_name`
+    (and `data_dir`) evaluate on another dataset than training's (`with_data`).
     `passkey_examples` > 0 adds passkey retrieval at every length (`passkey_accuracy`).
 
     The file (`eval_path`) also records the settings; the returned dict is the same
     without them.
     """
     config = with_rope_scaling(runfiles.load_config(workdir), rope_scaling, max_position_embeddings)
-    seq_lens = parse_seq_lens(seq_lens) or [config.data.seq_len, *config.eval.seq_lens]
-    split = split or config.data.eval_split
-    splits = list(config.eval.splits if splits is None else splits)
-    num_batches = config.eval.num_batches if num_batches is None else num_batches
-    settings = {"seq_lens": seq_lens, "split": split, "splits": splits,
-                "num_batches": num_batches, "rope_scaling": rope_scaling,
-                "max_position_embeddings": max_position_embeddings}  # fmt: skip
-    if passkey_examples:  # absent when 0, as in files made before passkeys existed
-        settings["passkey_examples"] = passkey_examples
+    config = with_data(config, data_name, data_dir)
+    settings = eval_settings(config, seq_lens=seq_lens, split=split, splits=splits,
+                             num_batches=num_batches, rope_scaling=rope_scaling,
+                             max_position_embeddings=max_position_embeddings,
+                             passkey_examples=passkey_examples,
+                             other_data=bool(data_name or data_dir))  # fmt: skip
+    seq_lens, split, splits, num_batches = (
+        settings[k] for k in ("seq_lens", "split", "splits", "num_batches"))  # fmt: skip
     eval_path(workdir, 0, tag)  # a bad tag fails now
     if passkey_examples:
         check_passkey(config, seq_lens, passkey_examples)
