@@ -1,0 +1,78 @@
+"""rope_jax.experiments.parts: a sweep's runs scored on other datasets, tabulated per
+dataset (the evaluations themselves are eval.py --data, tested in corpus_test)."""
+
+import json
+
+import pytest
+
+from rope_jax.experiments import parts
+
+REFERENCE = {"qk": 1.0, "vo": 2.0, "nope": 3.0}
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    """A sweep report of 3 rows x 2 seeds whose runs already hold their evaluations on
+    `code` (the reference order) and `tables` (the reverse)."""
+    data_dir = tmp_path / "data"
+    for name in ("code", "tables"):
+        (data_dir / name).mkdir(parents=True)
+        (data_dir / name / "metadata.json").write_text("{}")
+    rows = {}
+    for row, loss in REFERENCE.items():
+        runs = []
+        for seed in (0, 1):
+            workdir = tmp_path / "runs" / row / f"seed_{seed}"
+            workdir.mkdir(parents=True)
+            for name, value in (("code", loss), ("tables", 10 - loss)):
+                v = value + 0.01 * seed
+                (workdir / f"eval_50_{name}.json").write_text(
+                    json.dumps(
+                        {"8": {"loss": v, "tokens": 640}, "32": {"loss": v + 0.5, "tokens": 640}}
+                    )
+                )
+            runs.append(
+                {
+                    "seed": seed,
+                    "workdir": str(workdir),
+                    "step": 50,
+                    "loss": {"8": loss, "16": loss, "32": loss + 1},
+                }
+            )
+        rows[row] = {"runs": runs}
+    report = {
+        "rows": rows,
+        "seeds": [0, 1],
+        "seq_lens": ["8", "16", "32"],
+        "article_loss": REFERENCE,
+    }
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(report))
+    return path, data_dir
+
+
+def test_each_dataset_gets_its_order_tau_and_nope_rank(sweep, tmp_path):
+    path, data_dir = sweep
+    out = tmp_path / "parts"
+    parts.main([f"--sweep={path}", "--data=code,tables", f"--data_dir={data_dir}", f"--out={out}"])
+    result = json.loads((tmp_path / "parts.json").read_text())
+    assert result["lengths"] == [8, 32]
+    code, tables = result["parts"]["code"], result["parts"]["tables"]
+    assert code["tau"] == pytest.approx(1.0) and tables["tau"] == pytest.approx(-1.0)
+    assert code["ranks"]["nope"] == 3 and tables["ranks"]["nope"] == 1
+    assert code["rows"]["vo"]["32"] == pytest.approx([2.505, 0.00707], abs=1e-4)
+    assert result["parts"]["all"]["ranks"] == {"qk": 1, "vo": 2, "nope": 3}
+    md = (tmp_path / "parts.md").read_text()
+    assert "| tables | 640 | -1.000 |" in md and "| nope (3) | 1 | 7.005 ± 0.007 |" in md
+
+
+def test_what_would_stop_it_is_one_line_before_anything_runs(sweep, tmp_path):
+    path, data_dir = sweep
+    out = f"--out={tmp_path / 'parts'}"
+    with pytest.raises(SystemExit, match="no prepared dataset docs in"):
+        parts.main([f"--sweep={path}", "--data=code,docs", f"--data_dir={data_dir}", out])
+    with pytest.raises(SystemExit, match="not a comma-separated list"):
+        parts.main([f"--sweep={path}", "--data=code", "--seq_lens=8,x", out])
+    with pytest.raises(SystemExit, match="no file"):
+        parts.main([f"--sweep={tmp_path / 'none.json'}", "--data=code", out])
+    assert not (tmp_path / "parts.md").exists()
