@@ -76,3 +76,16 @@ def test_what_would_stop_it_is_one_line_before_anything_runs(sweep, tmp_path):
     with pytest.raises(SystemExit, match="no file"):
         parts.main([f"--sweep={tmp_path / 'none.json'}", "--data=code", out])
     assert not (tmp_path / "parts.md").exists()
+
+
+def test_the_datasets_default_to_the_runs_data_dir(sweep, tmp_path):
+    from configs import lm
+    from rope_jax.harness import runfiles
+
+    path, data_dir = sweep
+    config = lm.get_config("size=tiny")
+    config.data.data_dir = str(data_dir)
+    report = json.loads(path.read_text())
+    runfiles.save_config(parts.runs_of(report)[0]["workdir"], config)
+    assert parts.problem(report, ["code", "tables"], None) is None
+    assert f"no prepared dataset docs in {data_dir}" in parts.problem(report, ["docs"], None)
