@@ -65,12 +65,17 @@ def count(source: str, tokenizer, permille: int) -> dict:
     return table
 
 
+def bytes_per_token(row: dict) -> float | None:
+    """A group's sampled bytes per token (None when no document of it was sampled)."""
+    return row["sample_bytes"] / row["sample_tokens"] if row["sample_tokens"] else None
+
+
 def estimate(table: dict) -> dict:
     """{group: {split: estimated tokens}}: bytes over the group's sampled bytes per token
     (None for a group with no sampled document)."""
     out = defaultdict(dict)
     for name, row in table.items():
-        rate = row["sample_bytes"] / row["sample_tokens"] if row["sample_tokens"] else None
+        rate = bytes_per_token(row)
         for s in splits.SPLITS:
             out[name][s] = row[s]["bytes"] / rate if rate else None
     return dict(out)
@@ -84,8 +89,7 @@ def render(table: dict, tokens: dict, exact: dict, head: str) -> str:
         total_bytes = sum(row[s]["bytes"] for row in table.values())
         total_tokens = sum(t[s] or 0 for t in tokens.values())
         for name, row in table.items():
-            rate = row["sample_bytes"] / row["sample_tokens"] if row["sample_tokens"] else None
-            est = tokens[name][s]
+            rate, est = bytes_per_token(row), tokens[name][s]
             lines.append(
                 f"| {name} | {s} | {row[s]['documents']:,} | {row[s]['bytes'] / 1e6:,.1f} MB | "
                 f"{100 * row[s]['bytes'] / max(total_bytes, 1):.1f}% | "

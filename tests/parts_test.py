@@ -89,3 +89,13 @@ def test_the_datasets_default_to_the_runs_data_dir(sweep, tmp_path):
     runfiles.save_config(parts.runs_of(report)[0]["workdir"], config)
     assert parts.problem(report, ["code", "tables"], None) is None
     assert f"no prepared dataset docs in {data_dir}" in parts.problem(report, ["docs"], None)
+
+
+def test_an_eval_file_counts_as_done_only_with_every_length(sweep):
+    from rope_jax.experiments import report as report_lib
+
+    path, _ = sweep
+    run = parts.runs_of(json.loads(path.read_text()))[0]
+    assert report_lib.evaluated(parts.eval_file(run, "code"), [8, 32])
+    assert not report_lib.evaluated(parts.eval_file(run, "code"), [8, 64])  # made at 8, 32
+    assert not report_lib.evaluated(parts.eval_file(run, "docs"), [8])  # not there

@@ -245,12 +245,7 @@ def _label(case: Case) -> str:
 
 
 def _done(case: Case, meta: dict) -> bool:
-    try:
-        with open(case.eval_path) as f:
-            saved = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return all(str(n) in saved for n in meta["lengths"])
+    return report.evaluated(case.eval_path, meta["lengths"])
 
 
 def _evaluate(case: Case, meta: dict) -> None:

@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 
-from rope_jax.experiments.report import kendall, mean_std, ranks
+from rope_jax.experiments.report import kendall, mean_std, plus_minus, ranks
 
 
 def label(report: dict) -> str:
@@ -101,11 +101,6 @@ def rung(report: dict, rows) -> dict:
             "growth": growth}  # fmt: skip
 
 
-def _pm(stat, sign: bool = False) -> str:
-    mean, std = stat
-    return f"{mean:{'+' if sign else ''}.3f}" + ("" if std is None else f" ± {std:.3f}")
-
-
 def render(rungs: list[dict], command: str) -> str:
     """The ladder's page: one line per rung, then ranks and losses per row per rung."""
     rows = rungs[0]["rows"]
@@ -135,7 +130,9 @@ def render(rungs: list[dict], command: str) -> str:
                 "| row | " + " | ".join(g["label"] for g in grown) + " |",
                 "|---|" + "---|" * len(grown)]  # fmt: skip
         for r in sorted(rows, key=lambda r: ref.get(r, 99)):
-            cells = [_pm(g["growth"][r], sign=True) if r in g["growth"] else "—" for g in grown]
+            cells = [
+                plus_minus(g["growth"][r], sign=True) if r in g["growth"] else "—" for g in grown
+            ]
             out.append(f"| {r} | " + " | ".join(cells) + " |")
     for g in rungs:
         lens = g["seq_lens"]
@@ -146,8 +143,8 @@ def render(rungs: list[dict], command: str) -> str:
                 + (f" | bits/byte @{lens[0]}" if bpb else "") + " |",
                 "|---|" + "---|" * (len(lens) + bool(bpb))]  # fmt: skip
         for r in sorted(rows, key=lambda r: g["ranks"].get(r, 99)):
-            cells = [_pm(g["stats"][t][r]) for t in lens]
-            cells += [_pm(bpb[r]) if bpb.get(r) else "—"] if bpb else []
+            cells = [plus_minus(g["stats"][t][r]) for t in lens]
+            cells += [plus_minus(bpb[r]) if bpb.get(r) else "—"] if bpb else []
             out.append(f"| {r} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 

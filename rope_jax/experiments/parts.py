@@ -9,8 +9,9 @@ Every run of the sweep (its <results>.json names each run's workdir and final st
 evaluated on each --data dataset (`eval.py --data`: the same checkpoint on another
 prepared dataset with the run's tokenizer, e.g. one part of the training corpus
 prepared from a selection of its source, docs/data.md) at --seq_lens (default T and 4T),
-writing <workdir>/eval_<step>_<data>.json; one written already is kept, so the same
-command continues where it stopped. Per dataset: each row's held-out loss (mean ± std
+writing <workdir>/eval_<step>_<data>.json; one written already at those lengths is kept,
+so the same command continues where it stopped (one made at other lengths is refused in
+one line, as eval.py refuses it). Per dataset: each row's held-out loss (mean ± std
 over seeds), its rank at T, Kendall tau of that order against the sweep's reference
 order, and NoPE's rank; the sweep's own evaluation comes first for comparison. Writes
 <out>.md and <out>.json.
@@ -25,7 +26,7 @@ import os
 import sys
 import time
 
-from rope_jax.experiments.report import kendall, mean_std, ranks
+from rope_jax.experiments.report import evaluated, kendall, mean_std, plus_minus, ranks
 
 
 def parse_args(argv) -> argparse.Namespace:
@@ -71,7 +72,7 @@ def evaluate(runs: list[dict], names: list[str], args, lengths: list[int]) -> No
     """Every (run, dataset) without its eval file, in this process, with progress."""
     from rope_jax.harness.evaluate import evaluate_checkpoint  # imports jax
 
-    todo = [(r, n) for r in runs for n in names if not os.path.isfile(eval_file(r, n))]
+    todo = [(r, n) for r in runs for n in names if not evaluated(eval_file(r, n), lengths)]
     start = time.time()
     for k, (run, name) in enumerate(todo, 1):
         log = os.path.join(run["workdir"], "eval.log")
@@ -112,11 +113,6 @@ def table(report: dict, runs: list[dict], names: list[str], lengths: list[int]) 
     return out
 
 
-def _pm(stat) -> str:
-    mean, std = stat
-    return f"{mean:.3f}" + ("" if std is None else f" ± {std:.3f}")
-
-
 def render(parts: dict, lengths: list[int], reference: dict, command: str, seeds: int) -> str:
     t = str(lengths[0])
     ref_rank = ranks(reference)
@@ -138,7 +134,7 @@ def render(parts: dict, lengths: list[int], reference: dict, command: str, seeds
                 + " | ".join(f"@{n}" for n in lengths) + " |",
                 "|---|---|" + "---|" * len(lengths)]  # fmt: skip
         for r in sorted(entry["rows"], key=lambda r: entry["ranks"].get(r, 99)):
-            cells = [_pm(entry["rows"][r][str(n)]) if str(n) in entry["rows"][r] else "—"
+            cells = [plus_minus(entry["rows"][r][str(n)]) if str(n) in entry["rows"][r] else "—"
                      for n in lengths]  # fmt: skip
             out.append(f"| {r} ({ref_rank.get(r, '—')}) | {entry['ranks'].get(r, '—')} | "
                        + " | ".join(cells) + " |")  # fmt: skip

@@ -23,6 +23,23 @@ def mean_std(values) -> tuple[float, float | None]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
+def plus_minus(stat, sign: bool = False) -> str:
+    """(mean, std) as "mean ± std" to 3 decimals; the mean alone when std is None (one
+    seed); a leading + on positive means with `sign`."""
+    mean, std = stat
+    return f"{mean:{'+' if sign else ''}.3f}" + ("" if std is None else f" ± {std:.3f}")
+
+
+def evaluated(path: str, lengths) -> bool:
+    """Whether the eval file at `path` exists and holds every length of `lengths`."""
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return all(str(n) in saved for n in lengths)
+
+
 def ranks(losses: dict) -> dict:
     """name -> rank, 1 = lowest loss; ties share the better rank."""
     ordered = sorted(losses.values())
