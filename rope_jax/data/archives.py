@@ -8,7 +8,7 @@
 `linux-source-6.12` package (about 150 MB of .tar.xz, 1.4 GB unpacked). One document per
 text file: the C sources and headers, assembly, the reStructuredText and plain-text
 documentation (`Documentation/` is about 32 MB of English prose), Kconfig and Makefiles,
-scripts; files holding a NUL byte are skipped. About 30% of the training tokens are
+scripts; files holding a NUL byte are skipped. About 29% of the training tokens are
 AMD GPU register tables (generated headers; `benchmarks/corpus_composition.py`). Held
 out by a hash of the path (1% validation, 1% test, `splits.by_name`), so the split does
 not depend on the tokenizer or on the order the archive stores files in. The archive is
