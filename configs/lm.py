@@ -1,4 +1,4 @@
-"""Byte-level language model on text; ROWS = the VO-RoPE rotation-site ablation.
+"""Language model on text (bytes or subwords); ROWS = the VO-RoPE rotation-site ablation.
 
   python train.py --config=configs/lm.py:size=tiny,row=vo --workdir=runs/vo
   python -m rope_jax.experiments.sweep --config=configs/lm.py:size=tiny --workdir=runs/vo_ablation
