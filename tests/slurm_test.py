@@ -82,21 +82,11 @@ def run(command: list[str], env: dict, timeout: float = 240) -> subprocess.Compl
 
 def gloo_free(text: str) -> str:
     """`text` without gloo's "[Gloo] Rank i is connected to j peer ranks. Expected number
-    of connected peer ranks is : j" lines (CPU collectives print them on stdout, from
-    every process at once, so one process's line may be cut by the other's: a line
-    holding either part of the message goes)."""
+    of connected peer ranks is : j" lines (CPU collectives print them, on stderr once the
+    harness moved them there, from every process at once, so one process's line may be
+    cut by the other's: a line holding either part of the message goes)."""
     gloo = ("[Gloo]", "connected peer ranks")
     return "\n".join(line for line in text.splitlines() if not any(g in line for g in gloo))
-
-
-def one_json(stdout: str) -> dict:
-    """The one JSON document a multi-process eval prints (process 0's): from its first
-    line "{" to the end. Gloo's lines come before it, while the processes connect, and
-    when two processes' lines interleave a cut tail may stand alone on a line ("1"), so
-    what precedes the document is left out; a second document after it fails the parse."""
-    lines = gloo_free(stdout).splitlines()
-    assert "{" in lines, stdout
-    return json.loads("\n".join(lines[lines.index("{") :]))
 
 
 def losses(workdir: str) -> dict[int, float]:
@@ -252,7 +242,8 @@ def test_two_process_eval_gives_the_single_process_numbers(two_processes, env):
     assert two.returncode == 0, two.stdout + two.stderr
     one = run([sys.executable, "eval.py", *flags, "--tag=one"], env)
     assert one.returncode == 0, one.stdout + one.stderr
-    assert one_json(two.stdout)["step"] == NUM_STEPS
+    assert json.loads(two.stdout)["step"] == NUM_STEPS  # stdout: process 0's JSON only
+    assert "[Gloo]" not in two.stdout  # gloo's connection lines went to stderr
     a = json.load(open(os.path.join(workdir, f"eval_{NUM_STEPS}_one.json")))
     b = json.load(open(os.path.join(workdir, f"eval_{NUM_STEPS}_two.json")))
     for length in ("32", "64"):
@@ -262,6 +253,17 @@ def test_two_process_eval_gives_the_single_process_numbers(two_processes, env):
 
 
 # ----------------------------------------------------------------------- quick tests
+
+
+def test_native_writes_on_stdout_go_to_stderr_and_python_prints_stay():
+    code = ("import os; from rope_jax.harness import console; print('before'); "
+            "console.native_stdout_to_stderr(); os.write(1, b'[native]\\n'); print('after'); "
+            "console.native_stdout_to_stderr(); print('again')")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "before\nafter\nagain\n"
+    assert "[native]" in done.stderr
 
 
 def test_a_plain_process_is_left_alone(monkeypatch):

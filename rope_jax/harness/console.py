@@ -4,6 +4,7 @@
   console.warn("checkpoint step 20 ...")      # "warning: ..." on stderr
   console.note("wrote WD/eval_20.json")       # beside data on stdout: stderr
   console.quiet_logs()                        # absl/Orbax/TFDS INFO logs off
+  console.native_stdout_to_stderr()           # native code's prints (gloo's): stderr
 
 Only process 0 of a multi-process run prints. The entry points call `quiet_logs`
 unless the user asked for logs with `--verbosity` (`-v`); errors are theirs to print
@@ -22,6 +23,7 @@ import jax
 # failures itself, as one line (an Orbax save failure logs a dozen ERROR lines).
 _QUIET_SOURCES = (f"{os.sep}orbax{os.sep}", f"{os.sep}tensorflow_datasets{os.sep}",
                   f"{os.sep}grain{os.sep}")  # fmt: skip
+_native_stdout_moved = False
 
 
 def say(message: str) -> None:
@@ -50,6 +52,27 @@ def say_from_signal_handler(message: str) -> None:
         os.write(sys.stdout.fileno(), (message + "\n").encode())
     except (OSError, ValueError, AttributeError):  # stdout replaced (tests) or closed
         print(message, flush=True)
+
+
+def native_stdout_to_stderr() -> None:
+    """From now on what native code writes on file descriptor 1 goes to stderr, while
+    Python's prints (`sys.stdout`, `say`) keep the real stdout. Gloo, the CPU backend's
+    cross-process collectives, prints "[Gloo] Rank i is connected to ..." there from
+    every process, which would land in the middle of a command's data (eval.py's JSON).
+    Once per process; a `sys.stdout` without a file descriptor (a test's) is left alone."""
+    global _native_stdout_moved
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    if _native_stdout_moved:
+        return
+    sys.stdout.flush()
+    kept = os.dup(fd)
+    os.dup2(sys.stderr.fileno(), fd)
+    encoding, errors = sys.stdout.encoding, sys.stdout.errors
+    sys.stdout = open(kept, "w", buffering=1, encoding=encoding, errors=errors)  # noqa: SIM115
+    _native_stdout_moved = True
 
 
 class _DropLibraryRecords(logging.Filter):

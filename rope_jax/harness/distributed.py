@@ -28,8 +28,11 @@ becomes one agreed stop step).
 Otherwise (a plain process, a batch script's own shell step, `srun -n 1`) nothing is
 done. On the CPU backend cross-process collectives go over gloo
 (`jax_cpu_collectives_implementation`), unless JAX_CPU_COLLECTIVES_IMPLEMENTATION
-names another. A bad explicit combination is a `DistributedFlagError` (one line); a
-start-up that fails (coordinator unreachable, ...) is a `DistributedError`.
+names another; gloo's "[Gloo] Rank i is connected to ..." lines, which it prints on
+file descriptor 1 from every process, then go to stderr (`console.native_stdout_to_stderr`),
+so that stdout holds the run's own output only. A bad explicit combination is a
+`DistributedFlagError` (one line); a start-up that fails (coordinator unreachable, ...)
+is a `DistributedError`.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import numpy as np
 from absl import flags
 from jax.experimental import multihost_utils
 
-from rope_jax.harness import cli
+from rope_jax.harness import cli, console
 
 FLAGS = flags.FLAGS
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID",
@@ -163,6 +166,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         return None
     if "JAX_CPU_COLLECTIVES_IMPLEMENTATION" not in os.environ:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if jax.config.jax_cpu_collectives_implementation == "gloo":
+        console.native_stdout_to_stderr()  # its connection lines: not into eval.py's JSON
     try:
         jax.distributed.initialize(**chosen.kwargs)
     except Exception as e:  # noqa: BLE001  (XLA runtime errors of many types)
