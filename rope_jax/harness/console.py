@@ -61,11 +61,11 @@ def native_stdout_to_stderr() -> None:
     every process, which would land in the middle of a command's data (eval.py's JSON).
     Once per process; a `sys.stdout` without a file descriptor (a test's) is left alone."""
     global _native_stdout_moved
+    if _native_stdout_moved:
+        return
     try:
         fd = sys.stdout.fileno()
     except (AttributeError, OSError, ValueError):
-        return
-    if _native_stdout_moved:
         return
     sys.stdout.flush()
     kept = os.dup(fd)
