@@ -37,6 +37,7 @@ import gc
 import glob
 import json
 import os
+import re
 import shutil
 import sys
 import warnings
@@ -479,7 +480,31 @@ def _reason(error: Exception) -> str:
     return f"{type(error).__name__}: {text[:200]}"
 
 
+# TensorStore's words for a stored array it could not read (bytes damaged inside a
+# compressed chunk or a chunk's header, a file cut short): the key names the array.
+_KEY_UNREADABLE = re.compile(r'Error reading "([^"/]+)/[^"]*"[^"]*"[^"]*": ([^;]*)')
+
+
+def _unreadable_array(error: BaseException | None) -> tuple[str, str] | None:
+    """(array name, reason) where `error`'s chain names the array TensorStore could not
+    read, as `checksums.leaf_name` writes it; None where it names none."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        found = _KEY_UNREADABLE.search(" ".join(str(error).split()))
+        if found:
+            name = found.group(1).removesuffix(".value")  # nnx's leaf: as checksums names it
+            return name, found.group(2).strip().rstrip(" .")
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def _explain(step: int, directory: str, error: Exception) -> str:
+    unreadable = _unreadable_array(error)
+    if unreadable:
+        name, reason = unreadable
+        return (f"checkpoint step {step} in {directory} is damaged: array {name} cannot be "
+                f"read ({reason})")  # fmt: skip
     text = " ".join(str(error).split())
     if "See full TensorStore details" in text:
         text = text.split("See full TensorStore details")[0].strip()
