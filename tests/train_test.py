@@ -78,23 +78,28 @@ def test_resume_ends_with_exactly_the_same_parameters(data_dir, tmp_path):
 
 
 def test_sigterm_saves_and_the_rerun_matches_an_uninterrupted_run(data_dir, tmp_path):
-    config = tiny(data_dir, **{"train.num_steps": 400, "train.ckpt_every_steps": 400})
+    # A step takes about a millisecond: 2000 steps leave the signal, sent as soon as the
+    # first step's line is printed, a second or more to land before the run ends.
+    steps = 2000
+    config = tiny(data_dir, **{"train.num_steps": steps, "train.ckpt_every_steps": steps})
     straight = str(tmp_path / "straight")
     train.train_and_evaluate(config, straight)
 
     workdir = str(tmp_path / "killed")
     cmd = [sys.executable, "train.py", "--config=configs/lm.py:size=tiny", f"--workdir={workdir}"]
     cmd += [f"--config.{k}={v}" for k, v in _flat(config).items()]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.time() + 120
-    while not any("loss" in r for r in metrics.read_jsonl(workdir)):  # training has begun
-        assert proc.poll() is None and time.time() < deadline, proc.stdout.read().decode()
-        time.sleep(0.2)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"), text=True)  # fmt: skip
+    head = []
+    for line in proc.stdout:  # training has begun at its first step's line
+        head.append(line)
+        if line.startswith("step "):
+            break
     proc.send_signal(signal.SIGTERM)
-    out = proc.communicate(timeout=120)[0].decode()
+    out = "".join(head) + proc.communicate(timeout=120)[0]
     assert proc.returncode == 0, out
     saved = checkpoint.Manager(workdir, read_only=True).steps()
-    assert len(saved) == 1 and 0 < saved[0] < 400, (saved, out)
+    assert len(saved) == 1 and 0 < saved[0] < steps, (saved, out)
 
     train.train_and_evaluate(config, workdir)  # the same command again resumes
     for x, y in zip(final_params(straight, config)[0], final_params(workdir, config)[0],
