@@ -66,7 +66,7 @@ def main(argv):
     except (ValueError, NonFiniteLoss) as e:
         cli.fail(e)
     except KeyboardInterrupt:
-        cli.fail("aborted by a second Ctrl-C; the newest checkpoint is kept", 130)
+        cli.abort("aborted by a second Ctrl-C; the newest checkpoint is kept", 130)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,16 @@ def fail(message: str, code: int = 1):
     sys.exit(code)
 
 
+def abort(message: str, code: int):
+    """`fail` without the interpreter's teardown, for a run stopped mid-computation (a
+    second Ctrl-C): XLA's threads may still be running the step it left, and tearing
+    Python down under them can crash (SIGSEGV) or hang. Output is flushed first; what
+    the run holds (the workdir lock) is released before this is called."""
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(code)
+
+
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's flag parsing, with every failure as one line and exit status 2."""
     try:

@@ -27,6 +27,7 @@ import contextlib
 import errno
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -87,17 +88,34 @@ class Interrupts:
 
     def __init__(self):
         self.signal = None
+        self.aborted = False  # a second Ctrl-C came
         self._previous = {}
+        self._previous_hook = None
 
     def __enter__(self) -> Interrupts:
         if threading.current_thread() is threading.main_thread():
             for sig in self.NAMES:
                 self._previous[sig] = signal.signal(sig, self._handle)
+            self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
         return self
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        if self._previous_hook is not None:
+            sys.unraisablehook = self._previous_hook
+
+    def check(self) -> None:
+        """KeyboardInterrupt if a second Ctrl-C came: its own KeyboardInterrupt is lost
+        when the handler runs inside a garbage-collector callback or a `__del__` (Python
+        prints and drops exceptions there), so the loop asks again between steps."""
+        if self.aborted:
+            raise KeyboardInterrupt
+
+    def _unraisable(self, unraisable) -> None:
+        if self.aborted and isinstance(unraisable.exc_value, KeyboardInterrupt):
+            return  # the second Ctrl-C, dropped where it landed: `check` raises it again
+        self._previous_hook(unraisable)
 
     @property
     def name(self) -> str:
@@ -105,6 +123,7 @@ class Interrupts:
 
     def _handle(self, sig, frame) -> None:
         if sig == signal.SIGINT and self.signal is not None:
+            self.aborted = True
             raise KeyboardInterrupt  # the second Ctrl-C: abort now
         if self.signal is None:
             self.signal = sig
@@ -330,6 +349,7 @@ def loop(session: _Session, state, start: int, batches) -> dict | None:
         console.say(f"compiling the train step ({_size(run)})...")
     several = jax.process_count() > 1
     for step in range(start + 1, num_steps + 1):
+        session.stop.check()
         if session.stop.signal is not None and step == start + 1 and not several:
             console.say(f"{session.stop.name} before the first step: nothing to save")
             return result
@@ -352,6 +372,7 @@ def loop(session: _Session, state, start: int, batches) -> dict | None:
         if step == num_steps or (config.train.eval_every_steps
                                  and step % config.train.eval_every_steps == 0):  # fmt: skip
             result = evaluate(step)
+        session.stop.check()  # a second Ctrl-C during the step: no save
         if save:
             _save(session, state, step, batches)
         session.step_done(step, time.time() - t_pause)
