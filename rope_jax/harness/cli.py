@@ -31,8 +31,12 @@ USAGE_ERROR = 2  # exit status of a bad command line
 
 def fail(message: str, code: int = 1):
     """Prints `error: <message>` (one line) on stderr and exits with `code`."""
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+    _say_error(message)
     sys.exit(code)
+
+
+def _say_error(message) -> None:
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
 
 
 def abort(message: str, code: int):
@@ -40,7 +44,7 @@ def abort(message: str, code: int):
     second Ctrl-C): XLA's threads may still be running the step it left, and tearing
     Python down under them can crash (SIGSEGV) or hang. Output is flushed first; what
     the run holds (the workdir lock) is released before this is called."""
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+    _say_error(message)
     sys.stdout.flush()
     os._exit(code)
 
