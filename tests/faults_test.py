@@ -573,34 +573,40 @@ def test_ctrl_c_and_sigterm_save_and_exit_0_and_a_second_ctrl_c_aborts_at_once(
             **{name: (str(tmp_path / name), signal.SIGINT, slow) for name in aborted}}  # fmt: skip
     procs = {name: start(["train.py", *flags(config), f"--workdir={workdir}"], cache_env)
              for name, (workdir, _, config) in runs.items()}  # fmt: skip
-    sent = {}
-    for name, (workdir, sig, _) in runs.items():
-        _wait_for_training(workdir, procs[name])
-        procs[name].send_signal(sig)
-        if name in aborted:  # the second Ctrl-C while the first one's step still evaluates
-            read_until(procs[name], r"^Ctrl-C: saving at the end of this step", 60)
-            procs[name].send_signal(signal.SIGINT)
-            sent[name] = time.time()
-    for name in aborted:
-        twice = procs.pop(name)
-        out, err = twice.communicate(timeout=60)
-        took = time.time() - sent[name]
-        assert twice.returncode == 130 and took < 10, (twice.returncode, took, out, err)
-        line = one_error_line(twice.returncode, out, err)
-        assert line == "error: aborted by a second Ctrl-C; the newest checkpoint is kept"
-        assert not os.path.exists(os.path.join(runs[name][0], workdir_lib.LOCK_FILE))
+    everyone = list(procs.values())
+    try:
+        sent = {}
+        for name, (workdir, sig, _) in runs.items():
+            _wait_for_training(workdir, procs[name])
+            procs[name].send_signal(sig)
+            if name in aborted:  # the second Ctrl-C while the first one's step still evaluates
+                read_until(procs[name], r"^Ctrl-C: saving at the end of this step", 60)
+                procs[name].send_signal(signal.SIGINT)
+                sent[name] = time.time()
+        for name in aborted:
+            twice = procs.pop(name)
+            out, err = twice.communicate(timeout=60)
+            took = time.time() - sent[name]
+            assert twice.returncode == 130 and took < 10, (twice.returncode, took, out, err)
+            line = one_error_line(twice.returncode, out, err)
+            assert line == "error: aborted by a second Ctrl-C; the newest checkpoint is kept"
+            assert not os.path.exists(os.path.join(runs[name][0], workdir_lib.LOCK_FILE))
 
-    abstract = harness.build(fast).abstract
-    for name, proc in procs.items():
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0 and err == "", err
-        assert f"{name}: saving at the end of this step, then exiting" in out
-        mngr = checkpoint.Manager(runs[name][0], read_only=True)
-        saved = mngr.steps()
-        assert len(saved) == 1 and 0 < saved[0] < 20
-        assert f"{name}: saved step {saved[0]} in " in out
-        assert re.search(rf"stopped \({name}\) at step {saved[0]}/20", out), out
-        mngr.restore(saved[0], abstract)  # and it verifies
+        abstract = harness.build(fast).abstract
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0 and err == "", err
+            assert f"{name}: saving at the end of this step, then exiting" in out
+            mngr = checkpoint.Manager(runs[name][0], read_only=True)
+            saved = mngr.steps()
+            assert len(saved) == 1 and 0 < saved[0] < 20
+            assert f"{name}: saved step {saved[0]} in " in out
+            assert re.search(rf"stopped \({name}\) at step {saved[0]}/20", out), out
+            mngr.restore(saved[0], abstract)  # and it verifies
+    finally:  # none left running (a hung one would take a core from the rest)
+        for proc in everyone:
+            if proc.poll() is None:
+                proc.kill()
 
 
 # -------------------------------------------------------------------- resume checks
