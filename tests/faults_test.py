@@ -360,15 +360,16 @@ def test_a_flip_in_a_chunk_header_or_payload_names_the_array(data_dir, saved, tm
     (most often) inside a payload, which decodes to wrong values the checksum catches."""
     workdir = copy_run(saved, tmp_path)
     flip_bytes(largest_array_file(workdir, 20), at=at)
+    abstract = harness.build(tiny(data_dir)).abstract
     mngr = checkpoint.Manager(workdir, read_only=True)
     with pytest.raises(checkpoint.CheckpointError) as info:
-        mngr.restore(20, harness.build(tiny(data_dir)).abstract)
+        mngr.restore(20, abstract)
     message = str(info.value)
     assert message.startswith("checkpoint step 20 ") and "\n" not in message, message
     assert DAMAGED_ARRAY.search(message), message
     if at == 0.0:
         assert "cannot be read (ZSTD" in message, message
-    assert mngr.restore_latest_good(harness.build(tiny(data_dir)).abstract)[0] == 10
+    assert mngr.restore_latest_good(abstract)[0] == 10
 
 
 def test_an_incomplete_step_is_not_restored(data_dir, saved, tmp_path):
