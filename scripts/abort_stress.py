@@ -7,8 +7,9 @@ step; once its first step is printed it gets Ctrl-C, and a second Ctrl-C 0-20 ms
 random, seeded) after it says "saving at the end of this step", while that step is still
 evaluating. Every run must end with exit status 130 and the one-line message; the
 script prints each run's status and time to exit, then the counts, and exits 1 on any
-other ending (a crash or a run still alive after 60 s, killed). The workdirs go to a
-temporary directory; the shipped corpora are built into --data_dir if missing.
+other ending (a crash or a run still alive after 60 s, killed); --dump_dir keeps the
+whole stderr of each such run as <pid>.txt. The workdirs go to a temporary directory;
+the shipped corpora are built into --data_dir if missing.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ def command(data_dir: str, workdir: str) -> list[str]:
     return [sys.executable, "train.py", *flags(config), f"--workdir={workdir}"]
 
 
-def abort_one(cmd: list[str], delay_s: float) -> tuple[str, float]:
-    """(how the run ended, seconds from the second Ctrl-C to its end)."""
+def abort_one(cmd: list[str], delay_s: float, dump_dir: str = "") -> tuple[str, float]:
+    """(how the run ended, seconds from the second Ctrl-C to its end); the stderr of any
+    other ending than exit 130 goes to <dump_dir>/<pid>.txt where dump_dir is given."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
@@ -60,8 +62,8 @@ def abort_one(cmd: list[str], delay_s: float) -> tuple[str, float]:
     lines = err.strip().splitlines()
     ok = proc.returncode == 130 and lines[-1:] == [MESSAGE]
     end = "exit 130" if ok else f"exit {proc.returncode} ({(lines or [''])[-1][:200]})"
-    if not ok and os.environ.get("ABORT_STRESS_DUMP"):
-        with open(os.path.join(os.environ["ABORT_STRESS_DUMP"], f"{proc.pid}.txt"), "w") as f:
+    if not ok and dump_dir:
+        with open(os.path.join(dump_dir, f"{proc.pid}.txt"), "w") as f:
             f.write(err)
     return end, time.time() - sent
 
@@ -73,6 +75,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=6, help="aborts per parallel lane")
     p.add_argument("--parallel", type=int, default=3, help="runs at the same time")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dump_dir", default="", help="keep the stderr of every other ending here")
     args = p.parse_args()
     from rope_jax import data
 
@@ -84,7 +87,7 @@ def main() -> None:
         jobs = [(command(args.data_dir, os.path.join(tmp, f"run{k}")), rng.random() * 0.02)
                 for k in range(args.runs * args.parallel)]  # fmt: skip
         with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
-            ends = list(pool.map(lambda job: abort_one(*job), jobs))
+            ends = list(pool.map(lambda job: abort_one(*job, args.dump_dir), jobs))
     for k, (end, took) in enumerate(ends):
         print(f"run {k}: {end} {took:.2f} s after the second Ctrl-C")
     counts = collections.Counter(end for end, _ in ends)
