@@ -23,17 +23,26 @@ with --temperature > 0), decoded with a key/value cache, up to the first EOS.
 With --hf, a Hugging Face model directory is first imported into --workdir as a run at
 step 0 (once; `rope_jax.hf`, docs/hf.md), whose data, eval and mesh sections come from
 --config (default configs/lm.py) and whose tokenizer is the model's tokenizer.json.
+A long evaluation prints a progress line on stderr every --progress_s seconds. Ctrl-C
+or SIGTERM stops it at once: one line on stderr, exit status 130 or 143; a result file
+is written only when every length and split is scored, so none is left half-written.
 Several processes run it like train.py (`srun python eval.py ...`; docs/cluster.md):
 each scores its own rows of every batch, the numbers are those of one process.
 """
 
 from __future__ import annotations
 
+from rope_jax import signals
+
+if __name__ == "__main__":  # first: a Ctrl-C while JAX imports (seconds) waits for main
+    signals.hold_ctrl_c()
+
 from absl import app, flags
 from ml_collections import config_flags
 
 from rope_jax.harness import cli, console, distributed
 from rope_jax.harness.evaluate import (
+    Progress,
     evaluate_checkpoint,
     generate_text,
     parse_rope_scaling,
@@ -54,6 +63,8 @@ def define_flags():
     flags.DEFINE_string("data_dir", None, "With --data: its data.data_dir (default the run's).")
     flags.DEFINE_list("splits", None, "Extra splits at the training length; default eval.splits.")
     flags.DEFINE_integer("num_batches", None, "Batches per length; 0 = whole split.")
+    flags.DEFINE_float("progress_s", 10.0, "Seconds between progress lines on stderr "
+                       "(0: every batch).", lower_bound=0.0)  # fmt: skip
     flags.DEFINE_bool("fallback", False, "If a checkpoint is damaged, use the newest good.")
     flags.DEFINE_string("tag", "", "Write eval_<step>_<tag>.json instead of eval_<step>.json.")
     flags.DEFINE_bool("overwrite", False, "Replace an eval JSON made with other settings.")
@@ -89,6 +100,7 @@ def define_flags():
 
 
 def main(argv):
+    signals.release_ctrl_c()  # one that came while the modules imported: stops it here
     if len(argv) > 1:
         cli.fail(f"unexpected arguments: {argv[1:]}", cli.USAGE_ERROR)
     if not FLAGS.workdir:
@@ -100,39 +112,48 @@ def main(argv):
         cli.fail(e, cli.USAGE_ERROR)
     distributed.start()  # several processes: before anything touches a device
     try:
-        if FLAGS.hf:
-            from rope_jax.hf import run as hf_run
-
-            console.say(hf_run.import_run(FLAGS.hf, FLAGS.workdir, FLAGS.config or _lm_config()))
-        if FLAGS.generate:
-            generate_text(
-                FLAGS.workdir,
-                prompt=FLAGS.prompt,
-                max_new_tokens=FLAGS.max_new_tokens,
-                step=FLAGS.step,
-                temperature=FLAGS.temperature,
-                seed=FLAGS.seed,
-                fallback=FLAGS.fallback,
-            )
-            return
-        evaluate_checkpoint(
-            FLAGS.workdir,
-            step=FLAGS.step,
-            seq_lens=FLAGS.seq_lens,
-            split=FLAGS.split,
-            splits=FLAGS.splits,
-            num_batches=FLAGS.num_batches,
-            fallback=FLAGS.fallback,
-            tag=FLAGS.tag,
-            overwrite=FLAGS.overwrite,
-            rope_scaling=rope_scaling,
-            max_position_embeddings=FLAGS.max_position_embeddings,
-            passkey_examples=FLAGS.passkey,
-            data_name=FLAGS.data,
-            data_dir=FLAGS.data_dir,
-        )
+        with signals.StopAtOnce() as stop:
+            _run(Progress(FLAGS.progress_s, check=stop.check), rope_scaling)
+    except signals.Interrupted as e:
+        cli.abort(f"interrupted by {e.name}; a result file is written only once complete",
+                  e.exit_code)  # fmt: skip
     except ValueError as e:  # CheckpointError, DataSourceError, WorkdirError, config errors
         cli.fail(e)
+
+
+def _run(progress, rope_scaling):
+    if FLAGS.hf:
+        from rope_jax.hf import run as hf_run
+
+        console.say(hf_run.import_run(FLAGS.hf, FLAGS.workdir, FLAGS.config or _lm_config()))
+    if FLAGS.generate:
+        generate_text(
+            FLAGS.workdir,
+            prompt=FLAGS.prompt,
+            max_new_tokens=FLAGS.max_new_tokens,
+            step=FLAGS.step,
+            temperature=FLAGS.temperature,
+            seed=FLAGS.seed,
+            fallback=FLAGS.fallback,
+        )
+        return
+    evaluate_checkpoint(
+        FLAGS.workdir,
+        step=FLAGS.step,
+        seq_lens=FLAGS.seq_lens,
+        split=FLAGS.split,
+        splits=FLAGS.splits,
+        num_batches=FLAGS.num_batches,
+        fallback=FLAGS.fallback,
+        tag=FLAGS.tag,
+        overwrite=FLAGS.overwrite,
+        rope_scaling=rope_scaling,
+        max_position_embeddings=FLAGS.max_position_embeddings,
+        passkey_examples=FLAGS.passkey,
+        data_name=FLAGS.data,
+        data_dir=FLAGS.data_dir,
+        progress=progress,
+    )
 
 
 def _lm_config():

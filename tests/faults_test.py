@@ -27,8 +27,8 @@ import pytest
 
 import eval as eval_lib
 import train
-from rope_jax import data, harness
-from rope_jax.harness import checkpoint, loop, metrics, runfiles
+from rope_jax import data, harness, signals
+from rope_jax.harness import checkpoint, metrics, runfiles
 from rope_jax.harness import workdir as workdir_lib
 from tests.train_test import tiny
 
@@ -173,18 +173,18 @@ def one_error_line(rc: int, out: str, err: str) -> str:
     return lines[0]
 
 
-def read_until(proc, pattern: str, deadline_s: float) -> list[str]:
-    """stdout lines of a running process up to the first that matches `pattern`."""
+def read_until(proc, pattern: str, deadline_s: float, stream: str = "stdout") -> list[str]:
+    """Lines of a running process's `stream` up to the first that matches `pattern`."""
     lines, end = [], time.time() + deadline_s
     while time.time() < end:
-        line = proc.stdout.readline()
+        line = getattr(proc, stream).readline()
         if not line:
             break
         lines.append(line.rstrip("\n"))
         if re.search(pattern, line):
             return lines
     proc.kill()
-    raise AssertionError(f"no line matching {pattern!r}: {lines} {proc.stderr.read()}")
+    raise AssertionError(f"no line matching {pattern!r}: {lines} {proc.communicate()}")
 
 
 def largest_array_file(workdir, step) -> str:
@@ -546,7 +546,7 @@ def test_a_second_ctrl_c_dropped_inside_a_finalizer_still_aborts(capsys):
             stop._handle(signal.SIGINT, None)  # as if the signal landed in here
 
     before = signal.getsignal(signal.SIGINT), sys.unraisablehook
-    with loop.Interrupts() as stop:
+    with signals.Interrupts() as stop:
         stop._handle(signal.SIGINT, None)  # the first Ctrl-C: save at the end of the step
         stop.check()  # not aborted
         Finalized()  # dropped at once: its __del__ takes the second Ctrl-C
@@ -554,6 +554,148 @@ def test_a_second_ctrl_c_dropped_inside_a_finalizer_still_aborts(capsys):
             stop.check()
     assert "KeyboardInterrupt" not in capsys.readouterr().err
     assert (signal.getsignal(signal.SIGINT), sys.unraisablehook) == before  # restored
+
+
+def test_an_evaluation_stops_at_the_first_signal_and_again_where_a_finalizer_dropped_it(
+    capsys,
+):
+    """eval.py's handler: Ctrl-C or SIGTERM raises at once (nothing to save); one that
+    Python drops inside a `__del__` is raised again by `check`, which runs per batch."""
+
+    class Finalized:
+        def __del__(self):
+            stop._handle(signal.SIGTERM, None)  # as if the signal landed in here
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with signals.StopAtOnce() as stop:
+        stop.check()  # no signal yet
+        with pytest.raises(signals.Interrupted) as raised:
+            stop._handle(signal.SIGINT, None)
+        assert (raised.value.name, raised.value.exit_code) == ("Ctrl-C", 130)
+    with signals.StopAtOnce() as stop:
+        Finalized()  # dropped at once: its __del__ takes the signal, and Python drops it
+        with pytest.raises(signals.Interrupted) as raised:
+            stop.check()
+        assert (raised.value.name, raised.value.exit_code) == ("SIGTERM", 143)
+    assert "Interrupted" not in capsys.readouterr().err
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_a_ctrl_c_while_the_command_starts_is_held_then_acted_on(capsys):
+    """`hold_ctrl_c` (an entry point's first line): a Ctrl-C while JAX imports is held
+    and raised by `release_ctrl_c` (main's first line); one that Python then drops where
+    it lands (JAX's garbage-collector callback) is kept, quietly, and acted on when
+    `StopAtOnce` (eval.py) or `Interrupts` (train.py) is entered."""
+
+    class Finalized:
+        def __del__(self):
+            signals._record(signal.SIGINT, None)  # as if the signal landed in here
+
+    before = signal.getsignal(signal.SIGINT), sys.excepthook, sys.unraisablehook
+    try:
+        signals.hold_ctrl_c()
+        signals._hold(signal.SIGINT, None)  # held: nothing raised while modules import
+        with pytest.raises(KeyboardInterrupt):
+            signals.release_ctrl_c()
+        signals.release_ctrl_c()  # acted on once
+        Finalized()
+        with pytest.raises(signals.Interrupted) as raised, signals.StopAtOnce():
+            pass
+        assert raised.value.exit_code == 130
+        assert signal.getsignal(signal.SIGINT) is signals._record  # restored on the way out
+        Finalized()
+        with signals.Interrupts() as stop:
+            assert stop.signal == signal.SIGINT and not stop.aborted  # save, then stop
+        with signals.StopAtOnce() as stop:  # acted on once
+            stop.check()
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        sys.excepthook, sys.unraisablehook = before[1:]
+    out, err = capsys.readouterr()
+    assert "KeyboardInterrupt" not in err
+    assert out == "Ctrl-C: saving at the end of this step, then exiting (Ctrl-C again to abort " \
+        "without saving)\n"  # fmt: skip
+
+
+def test_a_ctrl_c_held_while_the_command_starts_stops_it_with_one_line():
+    code = ("import signal; from rope_jax import signals; signals.hold_ctrl_c(); "
+            "signal.raise_signal(signal.SIGINT); print('held'); signals.release_ctrl_c(); "
+            "print('not reached')")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        130, "held\n", "error: interrupted by Ctrl-C\n")  # fmt: skip
+
+
+def test_eval_progress_counts_batches_from_the_compiled_one_and_checks_before_each(capsys):
+    clock = iter([0.0, 5.0, 6.0, 7.5, 8.0]).__next__  # start, then after batches 1-4
+    progress = eval_lib.Progress(0, clock=clock)
+    assert list(progress.watch("abcd", "step 20, validation @64", total=4)) == list("abcd")
+    assert capsys.readouterr().err.splitlines() == [  # batch 1 compiles: the ETA's rate is 2-4's
+        "eval step 20, validation @64: batch 2/4 in 0:00:06  ETA 0:00:02",
+        "eval step 20, validation @64: batch 3/4 in 0:00:07  ETA 0:00:01",
+        "eval step 20, validation @64: batch 4/4 in 0:00:08",
+    ]
+    clock = iter([0.0, 5.0, 16.0, 20.0, 27.0]).__next__  # every 10 s; no total: no ETA
+    list(eval_lib.Progress(10, clock=clock).watch("abcd", "step 20, test"))
+    assert capsys.readouterr().err.splitlines() == [
+        "eval step 20, test: batch 2 in 0:00:16",
+        "eval step 20, test: batch 4 in 0:00:27",
+    ]
+    calls = []
+
+    def check():
+        calls.append(len(calls))
+        if len(calls) == 3:
+            raise signals.Interrupted(signal.SIGINT)
+
+    with pytest.raises(signals.Interrupted):
+        for _ in eval_lib.Progress(10, check=check).watch("abcd", "x"):
+            pass
+    assert calls == [0, 1, 2]  # before batches 1, 2 and 3: the third is never scored
+
+
+@pytest.mark.slow
+def test_ctrl_c_or_sigterm_stops_an_evaluation_at_once_with_one_line_and_no_result(
+    saved, tmp_path, cache_env
+):
+    workdir = copy_run(saved, tmp_path)
+    for sig, name in ((signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")):
+        proc = start(["eval.py", f"--workdir={workdir}", "--num_batches=0",
+                      "--seq_lens=32,128,512", "--progress_s=0"], cache_env)  # fmt: skip
+        try:
+            cue = read_until(proc, r"^eval step 20, validation @32: batch 2 in ", 120, "stderr")
+            proc.send_signal(sig)
+            sent = time.time()
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        assert proc.returncode == 128 + sig and time.time() - sent < 10, (proc.returncode, err)
+        *progress, last = cue + err.splitlines()
+        assert all(re.match(r"eval step 20, validation @\d+: batch \d+ in ", x) for x in progress)
+        assert last == f"error: interrupted by {name}; a result file is written only once complete"
+        assert out == ""
+        assert not glob.glob(os.path.join(workdir, "*eval_20*"))  # no result, no lock left
+        assert not glob.glob(os.path.join(workdir, ".*lock*"))
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_at_any_moment_of_an_evaluations_start_stops_it_with_one_line(
+    saved, tmp_path, cache_env
+):
+    """While eval.py imports, restores and compiles: before, a Ctrl-C there ended in a
+    traceback, in SIGABRT (an extension's import interrupted, then imported again), or
+    was dropped in JAX's garbage-collector callback and the evaluation ran to its end."""
+    workdir = copy_run(saved, tmp_path)
+    for delay_s in (0.3, 0.6, 0.9, 1.2, 1.5, 2.0, 3.0):
+        proc = start(["eval.py", f"--workdir={workdir}", "--num_batches=0",
+                      "--seq_lens=32,128,512"], cache_env)  # fmt: skip
+        time.sleep(delay_s)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, (delay_s, proc.returncode, err)
+        assert re.fullmatch(r"error: interrupted by Ctrl-C(; a result file is written only "
+                            r"once complete)?\n", err), (delay_s, err)  # fmt: skip
+        assert out == "" and not glob.glob(os.path.join(workdir, "*eval_20*"))
 
 
 @pytest.mark.slow
@@ -1006,6 +1148,7 @@ def test_settings_that_would_be_ignored_or_misread_are_one_line(tmp_path, cache_
                      "--config.model.rope.sections=(3,5)"],
         "seq_lens": ["eval.py", f"--workdir={never}", "--seq_lens=abc"],
         "rope_scaling": ["eval.py", f"--workdir={never}", "--rope_scaling={rope_type: yarn}"],
+        "progress_s": ["eval.py", f"--workdir={never}", "--progress_s=-1"],
     }  # fmt: skip
     results = dict(zip(cases, run_all(list(cases.values()), cache_env), strict=True))
     assert one_error_line(*results["sections"]) == (
@@ -1020,6 +1163,9 @@ def test_settings_that_would_be_ignored_or_misread_are_one_line(tmp_path, cache_
     assert line.startswith("error: --rope_scaling={rope_type: yarn} is not valid JSON (") and (
         """e.g. --rope_scaling='{"rope_type": "yarn", "factor": 4}'""" in line
     ), line
+    assert results["progress_s"][0] == 2 and one_error_line(*results["progress_s"]) == (
+        "error: flag --progress_s=-1: -1.0 is not a non-negative number"
+    )
     assert not os.path.exists(never)
 
 

@@ -36,7 +36,7 @@ def fail(message: str, code: int = 1):
 
 
 def _say_error(message) -> None:
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+    console.line(sys.stderr, f"error: {' '.join(str(message).split())}")
 
 
 def abort(message: str, code: int):

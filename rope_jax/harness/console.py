@@ -29,29 +29,33 @@ _native_stdout_moved = False
 def say(message: str) -> None:
     """One progress line on stdout (process 0 only)."""
     if jax.process_index() == 0:
-        print(message, flush=True)
+        line(sys.stdout, message)
 
 
 def warn(message: str) -> None:
     """One `warning: ...` line on stderr (process 0 only)."""
     if jax.process_index() == 0:
-        print(f"warning: {message}", file=sys.stderr, flush=True)
+        line(sys.stderr, f"warning: {message}")
 
 
 def note(message: str) -> None:
     """One line on stderr (process 0 only), for a command whose stdout is data (eval.py
     prints its JSON there): where the result went, which step it came from."""
     if jax.process_index() == 0:
-        print(message, file=sys.stderr, flush=True)
+        line(sys.stderr, message)
 
 
-def say_from_signal_handler(message: str) -> None:
-    """`say` that is safe inside a signal handler (no re-entry into a buffered print)."""
-    try:
-        sys.stdout.flush()
-        os.write(sys.stdout.fileno(), (message + "\n").encode())
-    except (OSError, ValueError, AttributeError):  # stdout replaced (tests) or closed
-        print(message, flush=True)
+def line(stream, text: str) -> None:
+    """`text` and its newline in one write, then flushed: `print` writes them apart, and
+    a signal whose handler prints the next line (`cli.abort`) can land in between."""
+    stream.write(text + "\n")
+    stream.flush()
+
+
+def hms(seconds: float) -> str:
+    """`H:MM:SS` of a duration (progress lines' elapsed time and ETA)."""
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def native_stdout_to_stderr() -> None:

@@ -10,7 +10,9 @@ tag must have been made with the same settings (seq_lens, split, splits, num_bat
 or else `overwrite` must be given: results made with other settings are never
 replaced silently. The result file is locked from that check to its write
 (`result_lock`), so a second evaluation of the same file at the same time is refused
-at once instead of overwriting the first's result. On a live run (train.py running in
+at once instead of overwriting the first's result; it is written whole, and only once
+every length and split is scored. A long evaluation reports its progress
+(`Progress`, eval.py's --progress_s). On a live run (train.py running in
 the workdir) the newest complete checkpoint is pinned until it is read: the trainer's
 rotation deletes it only afterwards (`checkpoint.Manager.pin`). Where the result went,
 and which step it came from, is one line on stderr (stdout holds the JSON).
@@ -19,9 +21,11 @@ and which step it came from, is one line on stderr (stdout holds the JSON).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
+import time
 
 import jax
 import numpy as np
@@ -275,6 +279,7 @@ def evaluate_checkpoint(
     passkey_examples: int = 0,
     data_name: str | None = None,
     data_dir: str | None = None,
+    progress: Progress | None = None,
 ) -> dict:
     """Restores a checkpoint into an abstract target and evaluates it; writes JSON.
 
@@ -282,6 +287,7 @@ def evaluate_checkpoint(
     scaling rule than training used; `max_position_embeddings` likewise. `data_name`
     (and `data_dir`) evaluate on another dataset than training's (`with_data`).
     `passkey_examples` > 0 adds passkey retrieval at every length (`passkey_accuracy`).
+    `progress` prints progress lines of the scoring and checks for a signal per batch.
 
     The file (`eval_path`) also records the settings; the returned dict is the same
     without them.
@@ -318,27 +324,77 @@ def evaluate_checkpoint(
         if known is None:  # the step --fallback found
             _hold(stack, result_lock(workdir, path))
             check_existing(path, settings, overwrite)
-        result = {"step": int(step), "split": split, "train_seq_len": config.data.seq_len}
-        for seq_len in seq_lens:
-            result[str(seq_len)] = setup.evaluate(
-                run, state["params"], config, split=split, seq_len=seq_len,
-                num_batches=num_batches,
-            )  # fmt: skip
-            if passkey_examples:
-                result[str(seq_len)].update(passkey_accuracy(
-                    run, state["params"], config, split=split, seq_len=seq_len,
-                    num_examples=passkey_examples))  # fmt: skip
-            logging.info("step %d, seq_len %d: %s", step, seq_len, result[str(seq_len)])
-        for name in splits:
-            result[name] = setup.evaluate(
-                run, state["params"], config, split=name, num_batches=num_batches
-            )
-            logging.info("step %d, split %s: %s", step, name, result[name])
+        result = _score(run, state["params"], config, step, seq_lens=seq_lens, split=split,
+                        splits=splits, num_batches=num_batches,
+                        passkey_examples=passkey_examples, progress=progress)  # fmt: skip
+        if progress is not None:
+            progress.check()  # a signal dropped in the last batch: nothing is written
         if jax.process_index() == 0:
             workdir_lib.write_atomic(path, json.dumps({**result, "settings": settings}, indent=2))
     console.say(json.dumps(result, indent=2))  # process 0 only
     console.note(f"evaluated step {step} of {ckpt.directory}{_live_note(live)}; wrote {path}")
     return result
+
+
+def _score(run, params, config, step: int, *, seq_lens, split, splits, num_batches,
+           passkey_examples, progress) -> dict:  # fmt: skip
+    """The result of `evaluate_checkpoint`: every length on `split`, then every split."""
+
+    def watch(what):  # setup.evaluate's wrapper of the batches, or None
+        return progress and functools.partial(progress.watch, what=what,
+                                              total=num_batches or None)  # fmt: skip
+
+    result = {"step": int(step), "split": split, "train_seq_len": config.data.seq_len}
+    for seq_len in seq_lens:
+        result[str(seq_len)] = setup.evaluate(
+            run, params, config, split=split, seq_len=seq_len, num_batches=num_batches,
+            watch=watch(f"step {step}, {split} @{seq_len}"),
+        )  # fmt: skip
+        if passkey_examples:
+            result[str(seq_len)].update(passkey_accuracy(
+                run, params, config, split=split, seq_len=seq_len,
+                num_examples=passkey_examples))  # fmt: skip
+        logging.info("step %d, seq_len %d: %s", step, seq_len, result[str(seq_len)])
+    for name in splits:
+        result[name] = setup.evaluate(run, params, config, split=name, num_batches=num_batches,
+                                      watch=watch(f"step {step}, {name}"))  # fmt: skip
+        logging.info("step %d, split %s: %s", step, name, result[name])
+    return result
+
+
+class Progress:
+    """Progress lines of a long evaluation, on stderr (stdout holds eval.py's JSON):
+
+      eval step 1250, validation @1024: batch 12/40 in 0:00:09  ETA 0:00:21
+
+    one every `every_s` seconds (0: after every batch), timed from the end of each
+    length's first batch (the one that compiles), so that an evaluation of a batch or
+    two prints none and the time left is the steady rate's. `check` runs before every
+    batch (`signals.StopAtOnce.check`: a signal Python dropped is raised there)."""
+
+    def __init__(self, every_s: float, check=lambda: None, clock=time.monotonic):
+        self.every_s, self.check, self.clock = every_s, check, clock
+
+    def watch(self, batches, what: str, total: int | None = None):
+        """`batches`, passed through; the lines name `what` and count up to `total`."""
+        start, first, last = self.clock(), None, None
+        for done, batch in enumerate(batches, start=1):
+            self.check()
+            yield batch  # the caller scores it before asking for the next
+            now = self.clock()
+            if first is None:
+                first = last = now
+            elif now - last >= self.every_s:
+                last = now
+                eta = None if not total else (total - done) * (now - first) / (done - 1)
+                console.note(progress_line(what, done, total, now - start, eta))
+
+
+def progress_line(what: str, done: int, total: int | None, seconds: float,
+                  eta: float | None) -> str:  # fmt: skip
+    """`eval <what>: batch <done>/<total> in <H:MM:SS>  ETA <H:MM:SS>` (no total: no ETA)."""
+    line = f"eval {what}: batch {done}{f'/{total}' if total else ''} in {console.hms(seconds)}"
+    return line if eta is None or done == total else f"{line}  ETA {console.hms(eta)}"
 
 
 def _live_note(live: dict | None) -> str:

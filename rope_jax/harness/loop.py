@@ -12,7 +12,7 @@ Restarting in the same workdir resumes from the newest checkpoint (parameters,
 optimiser, data position), verified against its checksums; with `fallback`, damaged
 newer steps are moved aside and the run resumes from the newest intact one. SIGTERM
 and a first Ctrl-C save at the end of the current step and return cleanly; a second
-Ctrl-C aborts at once (KeyboardInterrupt). A non-finite loss stops the run at that
+Ctrl-C aborts at once (`signals.Aborted`). A non-finite loss stops the run at that
 step, naming the newest checkpoint that verifies. A failed save stops the run at that
 step (`checkpoint.SaveError`).
 
@@ -26,9 +26,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import signal
-import sys
-import threading
 import time
 
 import jax
@@ -51,6 +48,7 @@ from rope_jax.harness import (
     transfer,
 )
 from rope_jax.harness import workdir as workdir_lib
+from rope_jax.signals import Interrupts
 
 
 class NonFiniteLoss(RuntimeError):
@@ -72,65 +70,6 @@ def print_dry_run(config) -> dict:
     for line in cost.format_plan(config):
         print(f"  {line}")
     return report
-
-
-class Interrupts:
-    """SIGTERM and a first Ctrl-C (SIGINT) ask the loop to save after the current step
-    and return; a second Ctrl-C raises KeyboardInterrupt at once. A context manager
-    that installs the handlers (main thread only) and restores the previous ones.
-
-    In a run of several processes the signal may reach them at different steps (or
-    only some): the processes agree at each log step (`distributed.any_process`), so all
-    save the same step, the first log step after the signal (`train.log_every_steps`
-    must fit in the scheduler's grace time between SIGTERM and SIGKILL)."""
-
-    NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
-
-    def __init__(self):
-        self.signal = None
-        self.aborted = False  # a second Ctrl-C came
-        self._previous = {}
-        self._previous_hook = None
-
-    def __enter__(self) -> Interrupts:
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.NAMES:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        if self._previous_hook is not None:
-            sys.unraisablehook = self._previous_hook
-
-    def check(self) -> None:
-        """KeyboardInterrupt if a second Ctrl-C came: its own KeyboardInterrupt is lost
-        when the handler runs inside a garbage-collector callback or a `__del__` (Python
-        prints and drops exceptions there), so the loop asks again between steps."""
-        if self.aborted:
-            raise KeyboardInterrupt
-
-    def _unraisable(self, unraisable) -> None:
-        if self.aborted and isinstance(unraisable.exc_value, KeyboardInterrupt):
-            return  # the second Ctrl-C, dropped where it landed: `check` raises it again
-        self._previous_hook(unraisable)
-
-    @property
-    def name(self) -> str:
-        return self.NAMES.get(self.signal, "signal")
-
-    def _handle(self, sig, frame) -> None:
-        if sig == signal.SIGINT and self.signal is not None:
-            self.aborted = True
-            raise KeyboardInterrupt  # the second Ctrl-C: abort now
-        if self.signal is None:
-            self.signal = sig
-            console.say_from_signal_handler(
-                f"{self.name}: saving at the end of this step, then exiting"
-                + (" (Ctrl-C again to abort without saving)" if sig == signal.SIGINT else "")
-            )
 
 
 def train_and_evaluate(config, workdir: str, *, fallback: bool = False,
@@ -305,7 +244,7 @@ class _Session:
         steps = self.final_step - self.start
         timed = steps - 1  # the first step compiled
         seconds = (self.t_end or time.time()) - (self.t_first or time.time()) - self.paused
-        parts = [f"{steps} steps in {_hms(time.time() - self.t_start)}"]
+        parts = [f"{steps} steps in {console.hms(time.time() - self.t_start)}"]
         if self.compile_s is not None:
             parts[0] += f" (compile {self.compile_s:.0f} s)"
         if self.last_loss is not None:
@@ -411,7 +350,7 @@ def _speed(rate: float, steps_left: int, session: _Session) -> str:
     if rate <= 0:
         return f"(first step, compile included: {session.compile_s:.1f} s)"
     eta = steps_left * session.tokens_per_step / rate
-    return f"{rate:,.0f} tok/s  ETA {_hms(eta)}"
+    return f"{rate:,.0f} tok/s  ETA {console.hms(eta)}"
 
 
 def _last_good(ckpt, run) -> str:
@@ -442,8 +381,3 @@ def _size(run) -> str:
 def _fmt(result: dict) -> str:
     return "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                      for k, v in result.items())  # fmt: skip
-
-
-def _hms(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

@@ -74,8 +74,9 @@ def build(config, *, vocab_from_data: bool = True) -> Setup:
 
 
 def evaluate(run: Setup, params, config, *, split: str, seq_len: int | None = None,
-             num_batches: int = 0) -> dict:  # fmt: skip
-    """Held-out metrics of `params` on `split` at context `seq_len` (default training's)."""
+             num_batches: int = 0, watch=None) -> dict:  # fmt: skip
+    """Held-out metrics of `params` on `split` at context `seq_len` (default training's).
+    `watch(batches)` wraps the batches (progress lines: `evaluate.Progress.watch`)."""
     batches = data.make_eval_iterator(
         config.data,
         split=split,
@@ -87,6 +88,8 @@ def evaluate(run: Setup, params, config, *, split: str, seq_len: int | None = No
         process_count=jax.process_count(),
     )
     placed = (feed.put_batch(b, run.batch_sharding) for b in batches)
+    if watch is not None:
+        placed = watch(placed)
     with sharding.use_mesh(run.mesh, run.rules):
         return metrics.evaluate(run.eval_step, params, placed, run.task_names)
 

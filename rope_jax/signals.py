@@ -1,0 +1,203 @@
+"""How the entry points meet SIGTERM and Ctrl-C (SIGINT).
+
+  signals.hold_ctrl_c()                # an entry point's first line, before JAX imports
+  def main(argv):
+      signals.release_ctrl_c()         # first thing in main: one that came stops it now
+      with signals.Interrupts() as stop:   # train.py: the first signal saves, then stops
+          ...  stop.signal, stop.name ...; stop.check() between steps
+      with signals.StopAtOnce() as stop:   # eval.py: nothing to save: the first one stops
+          for batch in batches: stop.check(); ...
+
+Both are context managers that install their handlers (main thread only) and restore
+the previous ones. Python runs a handler in the main thread between two bytecodes; when
+those are inside a `__del__` or a garbage-collector callback (JAX runs one at every
+collection), the exception the handler raises is printed ("Exception ignored in ...")
+and dropped, and the program goes on as if no signal had come. So both remember what
+they raised, keep the dropped copy quiet (`sys.unraisablehook`) and raise it again at
+the caller's next `check()`; one dropped before they were entered is acted on then.
+
+While the entry point imports, a Ctrl-C is held, not raised: a KeyboardInterrupt in the
+middle of an extension's initialisation can leave it half-initialised, and importing it
+again then aborts the process (SIGABRT, "absl::log_internal::SetTimeZone() has already
+been called") or the interrupt is dropped in JAX's callback and the command runs on.
+
+Standard library only, outside `rope_jax.harness` (whose package imports JAX), so that
+an entry point can import it before anything slow.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
+_early: list[int] = []  # Ctrl-Cs of an entry point's start, not yet acted on
+
+
+def hold_ctrl_c() -> None:
+    """For an entry point's first lines, before its slow imports (JAX's take seconds):
+    a Ctrl-C is recorded and nothing else until `release_ctrl_c`; from then on any
+    KeyboardInterrupt that nothing catches ends the process with one line,
+    `error: interrupted by Ctrl-C`, and exit status 130, instead of a traceback."""
+    signal.signal(signal.SIGINT, _hold)
+    sys.excepthook = _one_line_interrupt(sys.excepthook)
+    sys.unraisablehook = _quiet_dropped_interrupt(sys.unraisablehook)
+
+
+def release_ctrl_c() -> None:
+    """Ends `hold_ctrl_c`: a Ctrl-C held meanwhile raises KeyboardInterrupt now, and a
+    later one raises at once (and is recorded, in case Python drops it where it lands:
+    `Interrupts` and `StopAtOnce` act on a recorded one when they are entered)."""
+    signal.signal(signal.SIGINT, _record)
+    if _early:
+        _early.clear()  # acted on here
+        raise KeyboardInterrupt
+
+
+def _say(message: str) -> None:
+    """A line on stdout, safe inside a signal handler (no re-entry into a buffered print)."""
+    try:
+        sys.stdout.flush()
+        os.write(sys.stdout.fileno(), (message + "\n").encode())
+    except (OSError, ValueError, AttributeError):  # stdout replaced (tests) or closed
+        print(message, flush=True)
+
+
+def _hold(sig, frame) -> None:
+    _early.append(sig)
+
+
+def _record(sig, frame) -> None:
+    _early.append(sig)
+    raise KeyboardInterrupt
+
+
+def _quiet_dropped_interrupt(previous):
+    def hook(unraisable) -> None:
+        if not (_early and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+            previous(unraisable)  # else: recorded, so acted on later
+
+    return hook
+
+
+def _one_line_interrupt(previous):
+    def hook(kind, value, traceback) -> None:
+        if not issubclass(kind, KeyboardInterrupt):
+            return previous(kind, value, traceback)
+        name, code = (value.name, value.exit_code) if isinstance(value, Interrupted) else (
+            "Ctrl-C", 128 + signal.SIGINT)  # fmt: skip
+        sys.stdout.flush()
+        print(f"error: interrupted by {name}", file=sys.stderr, flush=True)
+        os._exit(code)  # as `cli.abort`: no teardown under XLA's threads
+
+    return hook
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal that stops the command now: `name` ("Ctrl-C", "SIGTERM") and `exit_code`
+    (128 + the signal's number, as a shell reports a process the signal ended)."""
+
+    def __init__(self, sig: int):
+        super().__init__(NAMES.get(sig, "signal"))
+        self.signal = sig
+
+    @property
+    def name(self) -> str:
+        return NAMES.get(self.signal, "signal")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + int(self.signal)
+
+
+class Aborted(KeyboardInterrupt):
+    """A second Ctrl-C while training: abort without saving."""
+
+
+class _Handlers:
+    """Installs `_handle` for SIGTERM and SIGINT, and the hook that keeps a raised
+    signal's dropped copy quiet; `check` raises it again."""
+
+    def __init__(self):
+        self.signal = None  # the first signal that came
+        self.raised: KeyboardInterrupt | None = None  # what a handler raised
+        self._previous = {}
+        self._previous_hook = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in NAMES:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+            early, _early[:] = list(_early), []
+            try:
+                for sig in early:  # a Ctrl-C that came while the command started
+                    self._handle(sig, None)
+            except BaseException:
+                self.__exit__()
+                raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        if self._previous_hook is not None:
+            sys.unraisablehook = self._previous_hook
+
+    @property
+    def name(self) -> str:
+        return NAMES.get(self.signal, "signal")
+
+    def check(self) -> None:
+        """Raises again what a handler raised, in case Python dropped it where it landed."""
+        if self.raised is not None:
+            raise self.raised
+
+    def _raise(self, error: KeyboardInterrupt):
+        self.raised = error
+        raise error
+
+    def _unraisable(self, unraisable) -> None:
+        if self.raised is not None and isinstance(unraisable.exc_value, KeyboardInterrupt):
+            return  # the handler's exception, dropped where it landed: `check` raises it
+        self._previous_hook(unraisable)
+
+    def _handle(self, sig, frame) -> None:
+        raise NotImplementedError
+
+
+class Interrupts(_Handlers):
+    """SIGTERM and a first Ctrl-C ask the training loop to save after the current step
+    and return (`signal` is set); a second Ctrl-C raises `Aborted` at once.
+
+    In a run of several processes the signal may reach them at different steps (or
+    only some): the processes agree at each log step (`distributed.any_process`), so all
+    save the same step, the first log step after the signal (`train.log_every_steps`
+    must fit in the scheduler's grace time between SIGTERM and SIGKILL)."""
+
+    @property
+    def aborted(self) -> bool:
+        """A second Ctrl-C came."""
+        return self.raised is not None
+
+    def _handle(self, sig, frame) -> None:
+        if sig == signal.SIGINT and self.signal is not None:
+            self._raise(Aborted())  # the second Ctrl-C: abort now
+        if self.signal is None:
+            self.signal = sig
+            _say(
+                f"{self.name}: saving at the end of this step, then exiting"
+                + (" (Ctrl-C again to abort without saving)" if sig == signal.SIGINT else "")
+            )
+
+
+class StopAtOnce(_Handlers):
+    """SIGTERM or Ctrl-C raises `Interrupted` at once: for a command with nothing to save
+    (an evaluation writes its result only when it is complete)."""
+
+    def _handle(self, sig, frame) -> None:
+        if self.signal is None:
+            self.signal = sig
+        self._raise(Interrupted(self.signal))
