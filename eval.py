@@ -115,8 +115,8 @@ def main(argv):
         with signals.StopAtOnce() as stop:
             _run(Progress(FLAGS.progress_s, check=stop.check), rope_scaling)
     except signals.Interrupted as e:
-        cli.abort(f"interrupted by {e.name}; a result file is written only once complete",
-                  e.exit_code)  # fmt: skip
+        whole = "" if FLAGS.generate else "; a result file is written only once complete"
+        cli.abort(f"interrupted by {e.name}{whole}", e.exit_code)
     except ValueError as e:  # CheckpointError, DataSourceError, WorkdirError, config errors
         cli.fail(e)
 
