@@ -86,11 +86,12 @@ def _one_line_interrupt(previous):
     def hook(kind, value, traceback) -> None:
         if not issubclass(kind, KeyboardInterrupt):
             return previous(kind, value, traceback)
-        name, code = (value.name, value.exit_code) if isinstance(value, Interrupted) else (
-            "Ctrl-C", 128 + signal.SIGINT)  # fmt: skip
+        if not isinstance(value, Interrupted):
+            value = Interrupted(signal.SIGINT)  # a plain KeyboardInterrupt: Ctrl-C's
         sys.stdout.flush()
-        print(f"error: interrupted by {name}", file=sys.stderr, flush=True)
-        os._exit(code)  # as `cli.abort`: no teardown under XLA's threads
+        sys.stderr.write(f"error: interrupted by {value.name}\n")  # one write, as console.line
+        sys.stderr.flush()
+        os._exit(value.exit_code)  # as `cli.abort`: no teardown under XLA's threads
 
     return hook
 
@@ -100,8 +101,8 @@ class Interrupted(KeyboardInterrupt):
     (128 + the signal's number, as a shell reports a process the signal ended)."""
 
     def __init__(self, sig: int):
-        super().__init__(NAMES.get(sig, "signal"))
         self.signal = sig
+        super().__init__(self.name)
 
     @property
     def name(self) -> str:
