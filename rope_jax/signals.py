@@ -1,8 +1,11 @@
 """How the entry points meet SIGTERM and Ctrl-C (SIGINT).
 
-  signals.hold_ctrl_c()                # an entry point's first line, before JAX imports
+  signals.hold_ctrl_c()                # a script's first line, before JAX imports
   def main(argv):
       signals.release_ctrl_c()         # first thing in main: one that came stops it now
+      ...
+      except KeyboardInterrupt as e:   # a command that resumes: one line, exit 130 (143)
+          sys.exit(signals.interrupted(e, "the same command resumes"))
       with signals.Interrupts() as stop:   # train.py: the first signal saves, then stops
           ...  stop.signal, stop.name ...; stop.check() between steps
       with signals.StopAtOnce() as stop:   # eval.py: nothing to save: the first one stops
@@ -14,9 +17,12 @@ those are inside a `__del__` or a garbage-collector callback (JAX runs one at ev
 collection), the exception the handler raises is printed ("Exception ignored in ...")
 and dropped, and the program goes on as if no signal had come. So both remember what
 they raised, keep the dropped copy quiet (`sys.unraisablehook`) and raise it again at
-the caller's next `check()`; one dropped before they were entered is acted on then.
+the caller's next `check()`. Outside them (an entry point's start, or a command with
+nothing to save) a dropped Ctrl-C is delivered again until it lands.
 
-While the entry point imports, a Ctrl-C is held, not raised: a KeyboardInterrupt in the
+While the entry point imports, a Ctrl-C is held, not raised (`python -m rope_jax.<module>`
+holds it from the package's first line, `hold_for_module`, as its parent packages import
+JAX before the module's own first line): a KeyboardInterrupt in the
 middle of an extension's initialisation can leave it half-initialised, and importing it
 again then aborts the process (SIGABRT, "absl::log_internal::SetTimeZone() has already
 been called") or the interrupt is dropped in JAX's callback and the command runs on.
@@ -27,6 +33,8 @@ an entry point can import it before anything slow.
 
 from __future__ import annotations
 
+import _thread
+import contextlib
 import os
 import signal
 import sys
@@ -34,6 +42,7 @@ import threading
 
 NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
 _early: list[int] = []  # Ctrl-Cs of an entry point's start, not yet acted on
+_holding: list[bool] = []  # [True] once `hold_ctrl_c` ran: this process is an entry point
 
 
 def hold_ctrl_c() -> None:
@@ -42,18 +51,64 @@ def hold_ctrl_c() -> None:
     KeyboardInterrupt that nothing catches ends the process with one line,
     `error: interrupted by Ctrl-C`, and exit status 130, instead of a traceback."""
     signal.signal(signal.SIGINT, _hold)
+    _holding[:] = [True]
     sys.excepthook = _one_line_interrupt(sys.excepthook)
     sys.unraisablehook = _quiet_dropped_interrupt(sys.unraisablehook)
+
+
+def hold_for_module() -> None:
+    """`hold_ctrl_c` when this process is `python -m rope_jax.<module>` and Python is
+    still importing the module's parent packages (the package's `__init__` calls this;
+    `sys.argv[0]` is "-m" until the module itself runs). Every such module's `main`
+    begins with `release_ctrl_c` (tests/faults_test.py checks), so no Ctrl-C stays held."""
+    argv = getattr(sys, "orig_argv", [])
+    module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
+    if sys.argv[:1] == ["-m"] and module.split(".")[0] == "rope_jax":
+        hold_ctrl_c()
 
 
 def release_ctrl_c() -> None:
     """Ends `hold_ctrl_c`: a Ctrl-C held meanwhile raises KeyboardInterrupt now, and a
     later one raises at once (and is recorded, in case Python drops it where it lands:
-    `Interrupts` and `StopAtOnce` act on a recorded one when they are entered)."""
+    `Interrupts` and `StopAtOnce` act on a recorded one when they are entered). Nothing
+    where nothing was held (`main` called from a program or a test)."""
+    if not _holding:
+        return
     signal.signal(signal.SIGINT, _record)
     if _early:
         _early.clear()  # acted on here
         raise KeyboardInterrupt
+
+
+def interrupted(error: KeyboardInterrupt, hint: str = "") -> int:
+    """For an entry point that caught the interrupt and ends: prints one line on stderr,
+    `error: interrupted by Ctrl-C; <hint>` (or SIGTERM, from an `Interrupted`), and
+    returns the exit status, 128 + the signal's number."""
+    if not isinstance(error, Interrupted):
+        error = Interrupted(signal.SIGINT)  # a plain KeyboardInterrupt: Ctrl-C's
+    sys.stdout.flush()
+    sys.stderr.write(f"error: interrupted by {error.name}{'; ' * bool(hint)}{hint}\n")  # one write
+    sys.stderr.flush()
+    return error.exit_code
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c():
+    """Inside, SIGTERM raises `Interrupted(SIGTERM)` as Ctrl-C raises KeyboardInterrupt:
+    for a command that stops the same way on both (exit status 143 through
+    `interrupted`). The previous handler is restored on the way out (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupted(sig, frame) -> None:
+    raise Interrupted(sig)
 
 
 def _say(message: str) -> None:
@@ -75,9 +130,17 @@ def _record(sig, frame) -> None:
 
 
 def _quiet_dropped_interrupt(previous):
+    """Outside `Interrupts` and `StopAtOnce` (whose own hook comes first), a Ctrl-C that
+    `_record` raised where Python drops it is delivered again, from a thread: it lands
+    at a later point of the main thread (or is dropped and delivered again)."""
+
     def hook(unraisable) -> None:
         if not (_early and isinstance(unraisable.exc_value, KeyboardInterrupt)):
-            previous(unraisable)  # else: recorded, so acted on later
+            return previous(unraisable)
+        _early.pop()  # `_record` appends it again when it lands
+        again = threading.Timer(0.05, _thread.interrupt_main)  # once this hook has returned
+        again.daemon = True
+        again.start()
 
     return hook
 
@@ -86,12 +149,7 @@ def _one_line_interrupt(previous):
     def hook(kind, value, traceback) -> None:
         if not issubclass(kind, KeyboardInterrupt):
             return previous(kind, value, traceback)
-        if not isinstance(value, Interrupted):
-            value = Interrupted(signal.SIGINT)  # a plain KeyboardInterrupt: Ctrl-C's
-        sys.stdout.flush()
-        sys.stderr.write(f"error: interrupted by {value.name}\n")  # one write, as console.line
-        sys.stderr.flush()
-        os._exit(value.exit_code)  # as `cli.abort`: no teardown under XLA's threads
+        os._exit(interrupted(value))  # as `cli.abort`: no teardown under XLA's threads
 
     return hook
 

@@ -3,6 +3,7 @@ r"""Stops tiny runs with Ctrl-C, many at once, and counts how they end.
   python scripts/abort_stress.py --data_dir=/tmp/tfds --runs=6 --parallel=3
   python scripts/abort_stress.py --data_dir=/tmp/tfds --command=eval
   python scripts/abort_stress.py --data_dir=/tmp/tfds --command=eval_start --runs=10 --parallel=2
+  python scripts/abort_stress.py --data_dir=/tmp/tfds --command=prepare_start --runs=10 --parallel=2
 
 --command=train (default): each run trains the 1-layer test model with an evaluation of
 400 batches after every step; once its first step is printed it gets Ctrl-C, and a
@@ -13,6 +14,11 @@ the whole validation split at two lengths, given Ctrl-C 0-20 ms after its first
 progress line, while it scores: the first Ctrl-C stops it.
 --command=eval_start: the same eval.py, given Ctrl-C 0-3 s after it is started (at
 random, seeded): while Python imports, restores the checkpoint or compiles.
+--command=prepare_start / sweep_start: `python -m rope_jax.data.prepare` (the Python
+standard library with a 1000-token BPE trained on 3 MB) or `python -m
+rope_jax.experiments.sweep` (one row of the 1-layer model), given Ctrl-C 0-3 s after
+it is started: while its packages import (JAX, before the module's first line) or it
+runs.
 Every run must end with exit status 130 and its one-line message (stderr holds that
 line and progress lines only, no traceback); the script prints
 each run's status and time to exit after the (last) Ctrl-C, then the counts, and exits
@@ -45,10 +51,14 @@ MESSAGES = {
     "train": r"error: aborted by a second Ctrl-C; the newest checkpoint is kept",
     "eval": r"error: interrupted by Ctrl-C; a result file is written only once complete",
     "eval_start": r"error: interrupted by Ctrl-C(; a result file is written only once complete)?",
+    "prepare_start": r"error: interrupted by Ctrl-C(; the same command resumes)?",
+    "sweep_start": r"error: interrupted by Ctrl-C(; the same command resumes)?",
 }
 CUES = {"train": (("stdout", "step "), ("stdout", "Ctrl-C: saving")),
-        "eval": (("stderr", "eval step "),), "eval_start": ((None, None),)}  # fmt: skip
-DELAYS_S = {"train": 0.02, "eval": 0.02, "eval_start": 3.0}
+        "eval": (("stderr", "eval step "),), "eval_start": ((None, None),),
+        "prepare_start": ((None, None),), "sweep_start": ((None, None),)}  # fmt: skip
+DELAYS_S = {"train": 0.02, "eval": 0.02, "eval_start": 3.0, "prepare_start": 3.0,
+            "sweep_start": 3.0}  # fmt: skip
 
 
 def train_command(data_dir: str, workdir: str) -> list[str]:
@@ -66,6 +76,22 @@ def eval_command(trained: str, tag: str, every_batch: bool) -> list[str]:
     every = ["--progress_s=0"] if every_batch else []
     return [sys.executable, "eval.py", f"--workdir={trained}", "--num_batches=0",
             "--seq_lens=32,128", f"--tag={tag}", *every]  # fmt: skip
+
+
+def prepare_command(data_dir: str) -> list[str]:
+    return [sys.executable, "-m", "rope_jax.data.prepare", "--source=python_stdlib",
+            "--tokenizer=train:1000", "--tokenizer_train_bytes=3000000", "--name=lib",
+            f"--data_dir={data_dir}", "--quiet"]  # fmt: skip
+
+
+def sweep_command(data_dir: str, workdir: str) -> list[str]:
+    model = (
+        "model.num_layers=1,model.embed_dim=32,model.num_heads=2,model.num_kv_heads=1,"
+        "model.head_dim=16,model.mlp_dim=64,data.seq_len=32,data.global_batch_size=8"
+    )
+    return [sys.executable, "-m", "rope_jax.experiments.sweep", "--config=configs/lm.py:size=tiny",
+            f"--workdir={workdir}", "--rows=qk",
+            "--set", f"{model},data.data_dir={data_dir},train.num_steps=20"]  # fmt: skip
 
 
 def train_once(data_dir: str, workdir: str) -> None:
@@ -129,11 +155,15 @@ def main() -> None:
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         trained = os.path.join(tmp, "trained")
-        if args.command != "train":
+        if args.command in ("eval", "eval_start"):
             train_once(args.data_dir, trained)
         runs = range(args.runs * args.parallel)
         if args.command == "train":
             cmds = [train_command(args.data_dir, os.path.join(tmp, f"run{k}")) for k in runs]
+        elif args.command == "prepare_start":
+            cmds = [prepare_command(os.path.join(tmp, f"run{k}")) for k in runs]
+        elif args.command == "sweep_start":
+            cmds = [sweep_command(args.data_dir, os.path.join(tmp, f"run{k}")) for k in runs]
         else:
             cmds = [eval_command(trained, f"run{k}", args.command == "eval") for k in runs]
         jobs = [(cmd, rng.random() * DELAYS_S[args.command]) for cmd in cmds]

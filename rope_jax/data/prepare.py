@@ -48,6 +48,7 @@ import os
 import shlex
 import sys
 
+from rope_jax import signals
 from rope_jax.data import shards
 from rope_jax.data.preparation import Settings, prepare
 
@@ -114,6 +115,7 @@ def parse_args(argv):
 
 
 def main(argv=None) -> None:
+    signals.release_ctrl_c()  # one that came while the modules imported: stops it here
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     settings = Settings(
@@ -131,18 +133,19 @@ def main(argv=None) -> None:
     )
     command = shlex.join(["python", "-m", "rope_jax.data.prepare", *argv])
     try:
-        prepare(
-            settings,
-            args.name,
-            args.data_dir,
-            workers=args.workers,
-            command=command,
-            progress=not args.quiet,
-        )
+        with signals.sigterm_as_ctrl_c():  # a scheduler's SIGTERM: as Ctrl-C, one line
+            prepare(
+                settings,
+                args.name,
+                args.data_dir,
+                workers=args.workers,
+                command=command,
+                progress=not args.quiet,
+            )
     except ValueError as e:
         sys.exit(f"error: {e}")
-    except KeyboardInterrupt:
-        sys.exit("interrupted; run the same command again to resume")
+    except KeyboardInterrupt as e:
+        sys.exit(signals.interrupted(e, "the same command resumes"))
     print(os.path.join(os.path.expanduser(args.data_dir), args.name))
 
 

@@ -36,6 +36,7 @@ import shlex
 import sys
 import time
 
+from rope_jax import signals
 from rope_jax.experiments import launch, plan, report
 
 ROWS = {
@@ -463,6 +464,7 @@ def write_results(result: dict, out: str, command: str) -> None:
 
 
 def main(argv=None) -> int:
+    signals.release_ctrl_c()  # one that came while the modules imported: stops it here
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     command = shlex.join(["python", "-m", "rope_jax.experiments.context_extension", *argv])
@@ -475,9 +477,8 @@ def main(argv=None) -> int:
     except (plan.SweepError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted: the same command resumes", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        return signals.interrupted(e, "the same command resumes")
     if args.out:
         write_results(result, args.out, command)
         print(f"wrote {args.out}.md, .json, .png")

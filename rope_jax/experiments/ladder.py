@@ -24,6 +24,7 @@ import sys
 
 import numpy as np
 
+from rope_jax import signals
 from rope_jax.experiments.report import kendall, mean_std, plus_minus, ranks
 
 
@@ -183,6 +184,7 @@ def plot(rungs: list[dict], path: str) -> None:
 
 
 def main(argv=None) -> None:
+    signals.release_ctrl_c()  # one that came while the modules imported: stops it here
     argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(prog="python -m rope_jax.experiments.ladder",
                                 description=__doc__.split("\n")[0])  # fmt: skip

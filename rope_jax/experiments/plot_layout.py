@@ -41,7 +41,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator, MultipleLocator
 
-from rope_jax import layouts, rotary
+from rope_jax import layouts, rotary, signals
 
 KINDS = {layouts.TEXT: "text", layouts.IMAGE: "image", layouts.VIDEO: "video"}
 COLORS = {layouts.TEXT: "tab:blue", layouts.IMAGE: "tab:orange", layouts.VIDEO: "tab:green"}
@@ -348,6 +348,7 @@ def command_line(args) -> str:
 
 
 def main(argv=None) -> str:
+    signals.release_ctrl_c()  # one that came while the modules imported: stops it here
     args = parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
         segments, schemes, num_axes = check_args(args)

@@ -27,9 +27,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 
+from rope_jax import signals
 from rope_jax.experiments import slurm
 from rope_jax.experiments.launch import run_all
 from rope_jax.experiments.plan import SweepError, format_command, plan, status
@@ -102,29 +102,29 @@ def parse_args(argv):
 
 
 def main(argv=None) -> None:
+    signals.release_ctrl_c()  # one that came while the modules imported: stops it here
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C
-    try:
-        slurm.check_options(args)
-        runs, context = plan(args)
-        if args.launcher == "slurm":
-            slurm.check_processes(args, context)
-        if args.dry_run:
-            print_plan(runs)
-        elif args.launcher == "slurm" and args.status:
-            slurm.print_status(runs, args.workdir)
-        else:
-            sweep(runs, context, args, argv)
-    except SweepError as e:
-        sys.exit(f"error: {e}")
-    except KeyboardInterrupt:
-        if args.launcher == "slurm":
-            sys.exit("interrupted; submitted jobs keep running: --status shows them, the same "
-                     "command writes the table once all are done")  # fmt: skip
-        sys.exit("interrupted (train.py saves a checkpoint on SIGTERM); rerun to resume")
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with signals.sigterm_as_ctrl_c():  # SIGTERM stops the sweep as Ctrl-C does
+        try:
+            slurm.check_options(args)
+            runs, context = plan(args)
+            if args.launcher == "slurm":
+                slurm.check_processes(args, context)
+            if args.dry_run:
+                print_plan(runs)
+            elif args.launcher == "slurm" and args.status:
+                slurm.print_status(runs, args.workdir)
+            else:
+                sweep(runs, context, args, argv)
+        except SweepError as e:
+            sys.exit(f"error: {e}")
+        except KeyboardInterrupt as e:
+            if args.launcher == "slurm":
+                sys.exit(signals.interrupted(e, "submitted jobs keep running: --status shows "
+                                             "them, the same command writes the table once all "
+                                             "are done"))  # fmt: skip
+            sys.exit(signals.interrupted(e, "the same command resumes"))  # train.py saved its step
 
 
 def print_plan(runs) -> None:

@@ -28,6 +28,7 @@ import os
 import shlex
 import sys
 
+from rope_jax import signals
 from rope_jax.experiments import launch, plan, report
 from rope_jax.harness import runfiles
 
@@ -327,6 +328,7 @@ def plot(result: dict, path: str) -> None:
 
 
 def main(argv=None) -> int:
+    signals.release_ctrl_c()  # one that came while the modules imported: stops it here
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     command = shlex.join(["python", "-m", "rope_jax.experiments.text_to_multimodal", *argv])
@@ -337,9 +339,8 @@ def main(argv=None) -> int:
     except (plan.SweepError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted: the same command resumes", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        return signals.interrupted(e, "the same command resumes")
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out + ".json", "w") as f:

@@ -14,7 +14,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from rope_jax import data, defaults
+from rope_jax import data, defaults, signals
 from rope_jax.harness import flops
 
 # Dense bfloat16 peak per device (no sparsity), FLOP/s.
@@ -205,6 +205,7 @@ def render(argv: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Prints the plan, or writes it to --out keeping that file's notes (`kept_notes`)."""
+    signals.release_ctrl_c()  # one that came while the modules imported: stops it here
     argv = list(sys.argv[1:] if argv is None else argv)
     text = "\n".join(render(argv)) + "\n"
     out = _parser().parse_args(argv).out

@@ -23,6 +23,7 @@ from __future__ import annotations
 from absl import app, flags
 from ml_collections import config_flags
 
+from rope_jax import signals
 from rope_jax.harness import cli, console
 
 FLAGS = flags.FLAGS
@@ -51,6 +52,7 @@ def default_config():
 
 
 def main(argv):
+    signals.release_ctrl_c()  # one that came while the modules imported: stops it here
     if len(argv) != 2 or argv[1] not in COMMANDS:
         cli.fail(f"give one command, {' or '.join(COMMANDS)}; got {argv[1:]}", cli.USAGE_ERROR)
     from rope_jax.hf import run  # after flag parsing: a usage error stays fast
