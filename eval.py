@@ -135,6 +135,7 @@ def _run(progress, rope_scaling):
             temperature=FLAGS.temperature,
             seed=FLAGS.seed,
             fallback=FLAGS.fallback,
+            check=progress.check,
         )
         return
     evaluate_checkpoint(

@@ -743,6 +743,22 @@ def test_eval_progress_counts_batches_from_the_compiled_one_and_checks_before_ea
     assert calls == [0, 1, 2]  # before batches 1, 2 and 3: the third is never scored
 
 
+def test_a_signal_dropped_while_text_is_generated_stops_it_before_the_text_is_printed(
+    saved, capsys
+):
+    """eval.py --generate: `StopAtOnce.check` runs before the text is printed, so a
+    signal Python dropped while the tokens were generated stops it there, not after."""
+    calls = []
+
+    def check():
+        calls.append(True)
+        raise signals.Interrupted(signal.SIGINT)
+
+    with pytest.raises(signals.Interrupted):
+        eval_lib.generate_text(saved, prompt="ROMEO:", max_new_tokens=3, check=check)
+    assert calls == [True] and capsys.readouterr().out == ""
+
+
 @pytest.mark.slow
 def test_ctrl_c_or_sigterm_stops_an_evaluation_at_once_with_one_line_and_no_result(
     saved, tmp_path, cache_env

@@ -457,9 +457,12 @@ def generate_text(
     temperature: float = 0.0,
     seed: int = 0,
     fallback: bool = False,
+    check=lambda: None,
 ) -> str:
     """Restores a checkpoint and returns `prompt` + its continuation, cut at the first EOS;
-    text is encoded and decoded with the run's own tokenizer (<workdir>/tokenizer)."""
+    text is encoded and decoded with the run's own tokenizer (<workdir>/tokenizer).
+    `check` runs before the text is printed (`signals.StopAtOnce.check`: a signal Python
+    dropped while it generated stops it there)."""
     config = runfiles.load_config(workdir)
     tok = runfiles.load_tokenizer(workdir)
     if tok.vocab_size != config.model.vocab_size:
@@ -480,5 +483,6 @@ def generate_text(
         new = new[: new.index(tok.eos_id)]
     text = prompt + tok.decode(new)
     logging.info("step %d: %d new tokens", step, len(new))
+    check()
     print(text)
     return text
