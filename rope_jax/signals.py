@@ -69,9 +69,9 @@ def hold_for_module() -> None:
 
 def release_ctrl_c() -> None:
     """Ends `hold_ctrl_c`: a Ctrl-C held meanwhile raises KeyboardInterrupt now, and a
-    later one raises at once (and is recorded, in case Python drops it where it lands:
-    `Interrupts` and `StopAtOnce` act on a recorded one when they are entered). Nothing
-    where nothing was held (`main` called from a program or a test)."""
+    later one raises at once (and is recorded: where Python drops it, it is delivered
+    again; `Interrupts` and `StopAtOnce` act on one recorded before they are entered).
+    Nothing where nothing was held (`main` called from a program or a test)."""
     if not _holding:
         return
     signal.signal(signal.SIGINT, _record)
