@@ -172,6 +172,41 @@ def test_import_export_import_is_bit_exact(name, tmp_path):
     assert os.path.isfile(os.path.join(out, "tokenizer.json")) == (tok is not None)
 
 
+def test_an_export_stopped_part_way_is_never_a_model_and_a_replaced_one_keeps_no_stale_file(
+    tmp_path, monkeypatch
+):
+    """config.json is written last (it marks a complete model): an export cut short while
+    it writes the weights (Ctrl-C, a full disk) over an earlier one leaves none, so
+    neither transformers nor `export_run` ("holds a model already") takes the half-written
+    directory for a model; a replacement without a tokenizer drops the old tokenizer.json."""
+    llama, cfg, tok = hf.load(fixture("llama"))
+    out = str(tmp_path / "out")
+    hf.save(out, llama, cfg, max_position_embeddings=cfg.rope.max_position_embeddings,
+            tokenizer=tok)  # fmt: skip
+    assert os.path.isfile(os.path.join(out, "tokenizer.json"))
+
+    def cut_short(directory, arrays):
+        with open(os.path.join(directory, weights.SINGLE_FILE), "wb") as f:
+            f.write(b"half a file")
+        raise KeyboardInterrupt
+
+    model, small = random_model()
+    with monkeypatch.context() as patch:
+        patch.setattr(weights, "write", cut_short)
+        with pytest.raises(KeyboardInterrupt):
+            hf.save(out, model, small, max_position_embeddings=64)
+    assert sorted(os.listdir(out)) == [weights.SINGLE_FILE]  # no config.json: not a model
+    with pytest.raises(hf_config.HFError):
+        hf.load(out)
+    files = hf.save(out, model, small, max_position_embeddings=64)
+    assert sorted(map(os.path.basename, files)) == sorted(os.listdir(out)) == [
+        "config.json", weights.SINGLE_FILE]  # fmt: skip
+    again, _, no_tok = hf.load(out)
+    assert no_tok is None
+    first, second = convert.flat_params(model), convert.flat_params(again)
+    assert all(np.array_equal(first[k], second[k]) for k in first)
+
+
 LLAMA_TENSORS = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"] + [
     f"model.layers.{i}.{t}"
     for i in range(2)

@@ -258,7 +258,7 @@ def write_atomic(path: str, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
     try:
         os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the file from other users
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

@@ -14,6 +14,7 @@ config.json, model.safetensors and tokenizer.json that `transformers`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -24,6 +25,7 @@ from flax import nnx
 
 from rope_jax import defaults
 from rope_jax.data import tokenizers
+from rope_jax.harness import workdir
 from rope_jax.hf import config as hf_config
 from rope_jax.hf import weights
 from rope_jax.nn import model as model_lib
@@ -117,7 +119,8 @@ def rotated_dims(model_cfg) -> int:
 
 def save(directory: str, params, model_cfg, *, max_position_embeddings: int, tokenizer=None,
          num_axes: int = 1) -> list[str]:  # fmt: skip
-    """Writes config.json, model.safetensors and (an HF tokenizer given) tokenizer.json.
+    """Writes model.safetensors, (an HF tokenizer given) tokenizer.json, then config.json:
+    written last, it marks a complete model (removed first when a model is replaced).
 
     `params`: a Decoder or its parameter state; `max_position_embeddings`: L of the
     config.json (rope_jax's `model.rope.max_position_embeddings`, else the training
@@ -139,15 +142,17 @@ def save(directory: str, params, model_cfg, *, max_position_embeddings: int, tok
     hf = hf_config.to_hf(model_cfg, max_position_embeddings=max_position_embeddings,
                          dtype=dtype, special_ids=special)  # fmt: skip
     os.makedirs(directory, exist_ok=True)
-    files = [weights.write(directory, arrays)]
-    path = os.path.join(directory, hf_config.CONFIG_FILE)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(hf, f, indent=2, sort_keys=True)
-        f.write("\n")
-    files.append(path)
+    config_path = os.path.join(directory, hf_config.CONFIG_FILE)
+    tokenizer_path = os.path.join(directory, TOKENIZER_FILE)
+    # config.json marks a complete model: gone until everything else is written, so an
+    # export stopped part way (Ctrl-C, a full disk) is never loaded, and is not refused
+    # as a finished model the next time; a replaced model's tokenizer.json goes too
+    for stale in (config_path, tokenizer_path):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(stale)
+    files = [weights.write(directory, arrays), config_path]
     if tokenizer is not None and tokenizer.kind == "hf":
-        path = os.path.join(directory, TOKENIZER_FILE)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(tokenizer.to_str())
-        files.append(path)
+        workdir.write_atomic(tokenizer_path, tokenizer.to_str())
+        files.append(tokenizer_path)
+    workdir.write_atomic(config_path, json.dumps(hf, indent=2, sort_keys=True) + "\n")
     return files
