@@ -35,7 +35,7 @@ from __future__ import annotations
 from rope_jax import signals
 
 if __name__ == "__main__":  # first: a Ctrl-C while JAX imports (seconds) waits for main
-    signals.hold_ctrl_c()
+    signals.hold_signals()
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -100,7 +100,7 @@ def define_flags():
 
 
 def main(argv):
-    signals.release_ctrl_c()  # one that came while the modules imported: stops it here
+    signals.release_signals()  # one that came while the modules imported: stops it here
     if len(argv) > 1:
         cli.fail(f"unexpected arguments: {argv[1:]}", cli.USAGE_ERROR)
     if not FLAGS.workdir:

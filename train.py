@@ -23,7 +23,7 @@ from __future__ import annotations
 from rope_jax import signals
 
 if __name__ == "__main__":  # first: a Ctrl-C while JAX imports (seconds) waits for main
-    signals.hold_ctrl_c()
+    signals.hold_signals()
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -54,7 +54,7 @@ def define_flags():
 
 
 def main(argv):
-    signals.release_ctrl_c()  # one that came while the modules imported: stops it here
+    signals.release_signals()  # one that came while the modules imported: stops it here
     if len(argv) > 1:
         cli.fail(f"unexpected arguments: {argv[1:]}", cli.USAGE_ERROR)
     distributed.start()  # several processes: before anything touches a device
@@ -71,7 +71,7 @@ def main(argv):
                            allow_config_change=FLAGS.allow_config_change)  # fmt: skip
     except (ValueError, NonFiniteLoss) as e:
         cli.fail(e)
-    except signals.Aborted:  # any other KeyboardInterrupt: `signals.hold_ctrl_c`'s one line
+    except signals.Aborted:  # any other KeyboardInterrupt: `signals.hold_signals`'s one line
         cli.abort("aborted by a second Ctrl-C; the newest checkpoint is kept", 130)
 
 

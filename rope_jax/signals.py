@@ -1,9 +1,9 @@
 """How the entry points meet SIGTERM and Ctrl-C (SIGINT).
 
-  signals.hold_ctrl_c()                # a script's first line, before JAX imports
+  signals.hold_signals()               # a script's first line, before JAX imports
   def main(argv):
-      signals.release_ctrl_c()         # first thing in main: one that came stops it now
-      ...
+      signals.release_signals()        # first thing in main: one that came stops it now
+      ...                              # from here Ctrl-C and SIGTERM raise KeyboardInterrupt
       except KeyboardInterrupt as e:   # a command that resumes: one line, exit 130 (143)
           sys.exit(signals.interrupted(e, "the same command resumes"))
       with signals.Interrupts() as stop:   # train.py: the first signal saves, then stops
@@ -18,14 +18,15 @@ collection), the exception the handler raises is printed ("Exception ignored in 
 and dropped, and the program goes on as if no signal had come. So both remember what
 they raised, keep the dropped copy quiet (`sys.unraisablehook`) and raise it again at
 the caller's next `check()`. Outside them (an entry point's start, or a command with
-nothing to save) a dropped Ctrl-C is delivered again until it lands.
+nothing to save) a dropped signal is delivered again until it lands.
 
-While the entry point imports, a Ctrl-C is held, not raised (`python -m rope_jax.<module>`
-holds it from the package's first line, `hold_for_module`, as its parent packages import
-JAX before the module's own first line): a KeyboardInterrupt in the
-middle of an extension's initialisation can leave it half-initialised, and importing it
-again then aborts the process (SIGABRT, "absl::log_internal::SetTimeZone() has already
-been called") or the interrupt is dropped in JAX's callback and the command runs on.
+While the entry point imports, Ctrl-C and SIGTERM are held, not acted on (`python -m
+rope_jax.<module>` holds them from the package's first line, `hold_for_module`, as its
+parent packages import JAX before the module's own first line): a KeyboardInterrupt in
+the middle of an extension's initialisation can leave it half-initialised, and importing
+it again then aborts the process (SIGABRT, "absl::log_internal::SetTimeZone() has already
+been called") or the interrupt is dropped in JAX's callback and the command runs on; a
+SIGTERM there (a scheduler's) ended the process with no line at all.
 
 Standard library only, outside `rope_jax.harness` (whose package imports JAX), so that
 an entry point can import it before anything slow.
@@ -34,50 +35,53 @@ an entry point can import it before anything slow.
 from __future__ import annotations
 
 import _thread
-import contextlib
 import os
 import signal
 import sys
 import threading
 
 NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
-_early: list[int] = []  # Ctrl-Cs of an entry point's start, not yet acted on
-_holding: list[bool] = []  # [True] once `hold_ctrl_c` ran: this process is an entry point
+_early: list[int] = []  # signals of an entry point's start, not yet acted on
+_holding: list[bool] = []  # [True] once `hold_signals` ran: this process is an entry point
 
 
-def hold_ctrl_c() -> None:
+def hold_signals() -> None:
     """For an entry point's first lines, before its slow imports (JAX's take seconds):
-    a Ctrl-C is recorded and nothing else until `release_ctrl_c`; from then on any
-    KeyboardInterrupt that nothing catches ends the process with one line,
-    `error: interrupted by Ctrl-C`, and exit status 130, instead of a traceback."""
-    signal.signal(signal.SIGINT, _hold)
+    a Ctrl-C or SIGTERM is recorded and nothing else until `release_signals`; from then
+    on any KeyboardInterrupt that nothing catches ends the process with one line,
+    `error: interrupted by Ctrl-C` (or SIGTERM), and exit status 130 (143), instead of a
+    traceback."""
+    for sig in NAMES:
+        signal.signal(sig, _hold)
     _holding[:] = [True]
     sys.excepthook = _one_line_interrupt(sys.excepthook)
     sys.unraisablehook = _quiet_dropped_interrupt(sys.unraisablehook)
 
 
 def hold_for_module() -> None:
-    """`hold_ctrl_c` when this process is `python -m rope_jax.<module>` and Python is
+    """`hold_signals` when this process is `python -m rope_jax.<module>` and Python is
     still importing the module's parent packages (the package's `__init__` calls this;
     `sys.argv[0]` is "-m" until the module itself runs). Every such module's `main`
-    begins with `release_ctrl_c` (tests/faults_test.py checks), so no Ctrl-C stays held."""
+    begins with `release_signals` (tests/faults_test.py checks), so none stays held."""
     argv = getattr(sys, "orig_argv", [])
     module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
     if sys.argv[:1] == ["-m"] and module.split(".")[0] == "rope_jax":
-        hold_ctrl_c()
+        hold_signals()
 
 
-def release_ctrl_c() -> None:
-    """Ends `hold_ctrl_c`: a Ctrl-C held meanwhile raises KeyboardInterrupt now, and a
-    later one raises at once (and is recorded: where Python drops it, it is delivered
-    again; `Interrupts` and `StopAtOnce` act on one recorded before they are entered).
-    Nothing where nothing was held (`main` called from a program or a test)."""
+def release_signals() -> None:
+    """Ends `hold_signals`: a signal held meanwhile raises `Interrupted` now, and a later
+    Ctrl-C or SIGTERM raises it at once, as Python's own handler raises KeyboardInterrupt
+    for Ctrl-C (and is recorded: where Python drops it, it is delivered again;
+    `Interrupts` and `StopAtOnce` act on one recorded before they are entered). Nothing
+    where nothing was held (`main` called from a program or a test)."""
     if not _holding:
         return
-    signal.signal(signal.SIGINT, _record)
+    for sig in NAMES:
+        signal.signal(sig, _record)
     if _early:
-        _early.clear()  # acted on here
-        raise KeyboardInterrupt
+        sig, _early[:] = _early[0], []  # acted on here
+        raise Interrupted(sig)
 
 
 def interrupted(error: KeyboardInterrupt, hint: str = "") -> int:
@@ -90,25 +94,6 @@ def interrupted(error: KeyboardInterrupt, hint: str = "") -> int:
     sys.stderr.write(f"error: interrupted by {error.name}{'; ' * bool(hint)}{hint}\n")  # one write
     sys.stderr.flush()
     return error.exit_code
-
-
-@contextlib.contextmanager
-def sigterm_as_ctrl_c():
-    """Inside, SIGTERM raises `Interrupted(SIGTERM)` as Ctrl-C raises KeyboardInterrupt:
-    for a command that stops the same way on both (exit status 143 through
-    `interrupted`). The previous handler is restored on the way out (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _raise_interrupted(sig, frame) -> None:
-    raise Interrupted(sig)
 
 
 def _say(message: str) -> None:
@@ -126,19 +111,19 @@ def _hold(sig, frame) -> None:
 
 def _record(sig, frame) -> None:
     _early.append(sig)
-    raise KeyboardInterrupt
+    raise Interrupted(sig)
 
 
 def _quiet_dropped_interrupt(previous):
-    """Outside `Interrupts` and `StopAtOnce` (whose own hook comes first), a Ctrl-C that
+    """Outside `Interrupts` and `StopAtOnce` (whose own hook comes first), a signal that
     `_record` raised where Python drops it is delivered again, from a thread: it lands
     at a later point of the main thread (or is dropped and delivered again)."""
 
     def hook(unraisable) -> None:
         if not (_early and isinstance(unraisable.exc_value, KeyboardInterrupt)):
             return previous(unraisable)
-        _early.pop()  # `_record` appends it again when it lands
-        again = threading.Timer(0.05, _thread.interrupt_main)  # once this hook has returned
+        sig = _early.pop()  # `_record` appends it again when it lands
+        again = threading.Timer(0.05, _thread.interrupt_main, (sig,))  # once this hook returned
         again.daemon = True
         again.start()
 

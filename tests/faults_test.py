@@ -583,8 +583,8 @@ def test_an_evaluation_stops_at_the_first_signal_and_again_where_a_finalizer_dro
 
 
 def test_a_ctrl_c_while_the_command_starts_is_held_then_acted_on(capsys):
-    """`hold_ctrl_c` (an entry point's first line): a Ctrl-C while JAX imports is held
-    and raised by `release_ctrl_c` (main's first line); one that Python then drops where
+    """`hold_signals` (an entry point's first line): a Ctrl-C while JAX imports is held
+    and raised by `release_signals` (main's first line); one that Python then drops where
     it lands (JAX's garbage-collector callback) is delivered again, quietly, until it
     lands; `StopAtOnce` (eval.py) or `Interrupts` (train.py) act on one recorded before
     they were entered."""
@@ -595,13 +595,13 @@ def test_a_ctrl_c_while_the_command_starts_is_held_then_acted_on(capsys):
 
     before = signal.getsignal(signal.SIGINT), sys.excepthook, sys.unraisablehook
     try:
-        signals.release_ctrl_c()  # nothing was held: nothing changes (main called by a test)
+        signals.release_signals()  # nothing was held: nothing changes (main called by a test)
         assert signal.getsignal(signal.SIGINT) is before[0]
-        signals.hold_ctrl_c()
+        signals.hold_signals()
         signals._hold(signal.SIGINT, None)  # held: nothing raised while modules import
         with pytest.raises(KeyboardInterrupt):
-            signals.release_ctrl_c()
-        signals.release_ctrl_c()  # acted on once
+            signals.release_signals()
+        signals.release_signals()  # acted on once
         with pytest.raises(KeyboardInterrupt):
             Finalized()  # dropped in its __del__: delivered again, so raised in here
             time.sleep(10)
@@ -625,20 +625,31 @@ def test_a_ctrl_c_while_the_command_starts_is_held_then_acted_on(capsys):
         "without saving)\n"  # fmt: skip
 
 
-def test_a_ctrl_c_held_while_the_command_starts_stops_it_with_one_line():
-    code = ("import signal; from rope_jax import signals; signals.hold_ctrl_c(); "
-            "signal.raise_signal(signal.SIGINT); print('held'); signals.release_ctrl_c(); "
+def test_a_signal_held_while_the_command_starts_stops_it_with_one_line():
+    """Ctrl-C or SIGTERM (a scheduler's) while the entry point imports: held, then one
+    line and 128 + the signal as `main` starts; before, a SIGTERM there ended the
+    process with no line at all. After the release a SIGTERM raises as Ctrl-C does."""
+    code = ("import signal, sys; from rope_jax import signals; signals.hold_signals(); "
+            "signal.raise_signal(int(sys.argv[1])); print('held'); signals.release_signals(); "
             "print('not reached')")  # fmt: skip
+    for sig, name in ((signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")):
+        proc = subprocess.run([sys.executable, "-c", code, str(int(sig))], cwd=ROOT,
+                              capture_output=True, text=True)  # fmt: skip
+        assert (proc.returncode, proc.stdout, proc.stderr) == (
+            128 + sig, "held\n", f"error: interrupted by {name}\n")  # fmt: skip
+    code = (
+        "import signal, time; from rope_jax import signals; signals.hold_signals(); "
+        "signals.release_signals(); signal.raise_signal(signal.SIGTERM); time.sleep(30)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    assert (proc.returncode, proc.stdout, proc.stderr) == (
-        130, "held\n", "error: interrupted by Ctrl-C\n")  # fmt: skip
+    assert (proc.returncode, proc.stderr) == (143, "error: interrupted by SIGTERM\n")
 
 
 def test_a_ctrl_c_dropped_where_it_landed_is_delivered_again_and_stops_the_command():
     """Outside `Interrupts`/`StopAtOnce`: Python dropped a Ctrl-C raised in a `__del__`
     (as in JAX's garbage-collector callback) and the command ran on."""
-    code = ("import time; from rope_jax import signals; signals.hold_ctrl_c(); "
-            "signals.release_ctrl_c()\n"
+    code = ("import time; from rope_jax import signals; signals.hold_signals(); "
+            "signals.release_signals()\n"
             "class Finalized:\n    def __del__(self): signals._record(2, None)\n"
             "Finalized(); print('dropped', flush=True); time.sleep(30); print('on')")  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
@@ -669,7 +680,7 @@ def test_every_module_entry_point_releases_the_ctrl_c_held_while_its_packages_im
         (main,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
         body = [n for n in main.body if not isinstance(n, ast.Expr)
                 or not isinstance(n.value, ast.Constant)]  # fmt: skip
-        assert ast.unparse(body[0]) == "signals.release_ctrl_c()", path
+        assert ast.unparse(body[0]) == "signals.release_signals()", path
 
 
 def test_hold_for_module_holds_only_for_a_module_of_the_package_while_it_is_located():
@@ -791,7 +802,7 @@ def test_a_ctrl_c_at_any_moment_of_an_evaluations_start_stops_it_with_one_line(
     traceback, in SIGABRT (an extension's import interrupted, then imported again), or
     was dropped in JAX's garbage-collector callback and the evaluation ran to its end."""
     workdir = copy_run(saved, tmp_path)
-    # From 0.6 s: Python's start and `hold_ctrl_c` are done, even on a loaded machine;
+    # From 0.6 s: Python's start and `hold_signals` are done, even on a loaded machine;
     # six lengths over the whole split outlast the longest delay.
     for delay_s in (0.6, 0.9, 1.2, 1.5, 2.0, 2.5):
         proc = start(["eval.py", f"--workdir={workdir}", "--num_batches=0",

@@ -115,7 +115,7 @@ def parse_args(argv):
 
 
 def main(argv=None) -> None:
-    signals.release_ctrl_c()  # one that came while the modules imported: stops it here
+    signals.release_signals()  # one that came while the modules imported: stops it here
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     settings = Settings(
@@ -133,15 +133,14 @@ def main(argv=None) -> None:
     )
     command = shlex.join(["python", "-m", "rope_jax.data.prepare", *argv])
     try:
-        with signals.sigterm_as_ctrl_c():  # a scheduler's SIGTERM: as Ctrl-C, one line
-            prepare(
-                settings,
-                args.name,
-                args.data_dir,
-                workers=args.workers,
-                command=command,
-                progress=not args.quiet,
-            )
+        prepare(
+            settings,
+            args.name,
+            args.data_dir,
+            workers=args.workers,
+            command=command,
+            progress=not args.quiet,
+        )
     except ValueError as e:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt as e:

@@ -184,7 +184,7 @@ def plot(rungs: list[dict], path: str) -> None:
 
 
 def main(argv=None) -> None:
-    signals.release_ctrl_c()  # one that came while the modules imported: stops it here
+    signals.release_signals()  # one that came while the modules imported: stops it here
     argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(prog="python -m rope_jax.experiments.ladder",
                                 description=__doc__.split("\n")[0])  # fmt: skip

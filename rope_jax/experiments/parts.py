@@ -143,7 +143,7 @@ def render(parts: dict, lengths: list[int], reference: dict, command: str, seeds
 
 
 def main(argv=None) -> None:
-    signals.release_ctrl_c()  # one that came while the modules imported: stops it here
+    signals.release_signals()  # one that came while the modules imported: stops it here
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if not os.path.isfile(args.sweep):

@@ -348,7 +348,7 @@ def command_line(args) -> str:
 
 
 def main(argv=None) -> str:
-    signals.release_ctrl_c()  # one that came while the modules imported: stops it here
+    signals.release_signals()  # one that came while the modules imported: stops it here
     args = parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
         segments, schemes, num_axes = check_args(args)

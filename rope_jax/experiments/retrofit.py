@@ -151,7 +151,7 @@ def plot(result: dict, path: str) -> None:
 
 
 def main(argv=None) -> None:
-    signals.release_ctrl_c()  # one that came while the modules imported: stops it here
+    signals.release_signals()  # one that came while the modules imported: stops it here
     p = argparse.ArgumentParser(prog="python -m rope_jax.experiments.retrofit",
                                 description=__doc__.split("\n\n")[0])  # fmt: skip
     p.add_argument("--scratch", required=True, help="the from-scratch sweep's results .json")

@@ -102,29 +102,28 @@ def parse_args(argv):
 
 
 def main(argv=None) -> None:
-    signals.release_ctrl_c()  # one that came while the modules imported: stops it here
+    signals.release_signals()  # one that came while the modules imported: stops it here
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    with signals.sigterm_as_ctrl_c():  # SIGTERM stops the sweep as Ctrl-C does
-        try:
-            slurm.check_options(args)
-            runs, context = plan(args)
-            if args.launcher == "slurm":
-                slurm.check_processes(args, context)
-            if args.dry_run:
-                print_plan(runs)
-            elif args.launcher == "slurm" and args.status:
-                slurm.print_status(runs, args.workdir)
-            else:
-                sweep(runs, context, args, argv)
-        except SweepError as e:
-            sys.exit(f"error: {e}")
-        except KeyboardInterrupt as e:
-            if args.launcher == "slurm":
-                sys.exit(signals.interrupted(e, "submitted jobs keep running: --status shows "
-                                             "them, the same command writes the table once all "
-                                             "are done"))  # fmt: skip
-            sys.exit(signals.interrupted(e, "the same command resumes"))  # train.py saved its step
+    try:
+        slurm.check_options(args)
+        runs, context = plan(args)
+        if args.launcher == "slurm":
+            slurm.check_processes(args, context)
+        if args.dry_run:
+            print_plan(runs)
+        elif args.launcher == "slurm" and args.status:
+            slurm.print_status(runs, args.workdir)
+        else:
+            sweep(runs, context, args, argv)
+    except SweepError as e:
+        sys.exit(f"error: {e}")
+    except KeyboardInterrupt as e:
+        if args.launcher == "slurm":
+            sys.exit(signals.interrupted(e, "submitted jobs keep running: --status shows "
+                                         "them, the same command writes the table once all "
+                                         "are done"))  # fmt: skip
+        sys.exit(signals.interrupted(e, "the same command resumes"))  # train.py saved its step
 
 
 def print_plan(runs) -> None:

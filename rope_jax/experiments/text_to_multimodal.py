@@ -328,7 +328,7 @@ def plot(result: dict, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    signals.release_ctrl_c()  # one that came while the modules imported: stops it here
+    signals.release_signals()  # one that came while the modules imported: stops it here
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     command = shlex.join(["python", "-m", "rope_jax.experiments.text_to_multimodal", *argv])

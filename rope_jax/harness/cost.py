@@ -205,7 +205,7 @@ def render(argv: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Prints the plan, or writes it to --out keeping that file's notes (`kept_notes`)."""
-    signals.release_ctrl_c()  # one that came while the modules imported: stops it here
+    signals.release_signals()  # one that came while the modules imported: stops it here
     argv = list(sys.argv[1:] if argv is None else argv)
     text = "\n".join(render(argv)) + "\n"
     out = _parser().parse_args(argv).out

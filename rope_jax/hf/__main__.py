@@ -52,7 +52,7 @@ def default_config():
 
 
 def main(argv):
-    signals.release_ctrl_c()  # one that came while the modules imported: stops it here
+    signals.release_signals()  # one that came while the modules imported: stops it here
     if len(argv) != 2 or argv[1] not in COMMANDS:
         cli.fail(f"give one command, {' or '.join(COMMANDS)}; got {argv[1:]}", cli.USAGE_ERROR)
     from rope_jax.hf import run  # after flag parsing: a usage error stays fast
