@@ -17,8 +17,10 @@ those are inside a `__del__` or a garbage-collector callback (JAX runs one at ev
 collection), the exception the handler raises is printed ("Exception ignored in ...")
 and dropped, and the program goes on as if no signal had come. So both remember what
 they raised, keep the dropped copy quiet (`sys.unraisablehook`) and raise it again at
-the caller's next `check()`. Outside them (an entry point's start, or a command with
-nothing to save) a dropped signal is delivered again until it lands.
+the caller's next `check()`; any other exception that escapes them once they raised
+(the signal's, wrapped by the code it landed in) becomes theirs again. Outside them (an
+entry point's start, or a command with nothing to save) a dropped signal is delivered
+again until it lands.
 
 While the entry point imports, Ctrl-C and SIGTERM are held, not acted on (`python -m
 rope_jax.<module>` holds them from the package's first line, `hold_for_module`, as its
@@ -184,11 +186,16 @@ class _Handlers:
                 raise
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind=None, value=None, traceback=None) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         if self._previous_hook is not None:
             sys.unraisablehook = self._previous_hook
+        if self.raised is not None and kind is not None and not issubclass(kind, KeyboardInterrupt):
+            # the handler's exception landed in code that wrapped it (a JAX cache key's
+            # __eq__, called from C++, raised "Equality of global cache key led to an
+            # exception"): what escapes is the signal's
+            raise self.raised from value
 
     @property
     def name(self) -> str:

@@ -582,6 +582,26 @@ def test_an_evaluation_stops_at_the_first_signal_and_again_where_a_finalizer_dro
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
+def test_a_signal_wrapped_by_the_code_it_landed_in_escapes_as_the_signal():
+    """A second Ctrl-C whose `Aborted` was raised inside a JAX cache key's __eq__ (called
+    from C++) came out as "Equality of global cache key led to an exception", exit 1, in
+    one of 18 runs of `scripts/abort_stress.py`; an evaluation's `Interrupted` likewise."""
+    for handlers, sigs, error in (
+        (signals.Interrupts, (signal.SIGINT,) * 2, signals.Aborted),
+        (signals.StopAtOnce, (signal.SIGTERM,), signals.Interrupted),
+    ):
+        with pytest.raises(error) as raised, handlers() as stop:
+            try:
+                for sig in sigs:
+                    stop._handle(sig, None)
+            except KeyboardInterrupt as e:
+                raise ValueError("Equality of global cache key led to an exception") from e
+        assert isinstance(raised.value.__cause__, ValueError)
+    with pytest.raises(ValueError), signals.Interrupts() as stop:
+        stop._handle(signal.SIGTERM, None)  # saves at the end of the step: nothing raised
+        raise ValueError("a real error")
+
+
 def test_a_ctrl_c_while_the_command_starts_is_held_then_acted_on(capsys):
     """`hold_signals` (an entry point's first line): a Ctrl-C while JAX imports is held
     and raised by `release_signals` (main's first line); one that Python then drops where
