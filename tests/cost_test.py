@@ -134,6 +134,16 @@ def test_main_writes_markdown_and_keeps_the_notes(tmp_path, monkeypatch):
     assert out.read_text() == text + "\n" + cost.NOTES_MARKER + "\nmy notes\n"
     with pytest.raises(SystemExit, match="no config file 'configs/none.py'"):
         cost.main(["--config=configs/none.py"])
+    kept = out.read_text()
+
+    def cut_short(*args):  # a crash or Ctrl-C before the new plan is in place
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        cost.main(argv)
+    assert out.read_text() == kept  # the notes were never at risk: the file is whole
+    assert os.listdir(tmp_path) == ["plan.md"]  # no temporary file left
 
 
 @pytest.mark.slow  # compiles the tiny step (~5-10 s on 2 busy cores)

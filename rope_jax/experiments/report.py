@@ -388,6 +388,8 @@ def write_report(runs: list[Job], context: dict, argv, results: str) -> dict:
     """Collects every run into <results>.json, then writes <results>.md and .png."""
     import jax
 
+    from rope_jax.harness.workdir import write_atomic  # imports jax too: not at the start
+
     dev, rows = jax.devices()[0], {}
     for run in runs:
         rows.setdefault(run.row, {"overrides": context["overrides"][run.row], "runs": []})
@@ -399,10 +401,11 @@ def write_report(runs: list[Job], context: dict, argv, results: str) -> dict:
                   seq_lens=[str(t) for t in runs[0].seq_lens],
                   splits=list(runs[0].splits))  # fmt: skip
     os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
-    with open(results + ".json", "w") as f:
-        json.dump(report, f, indent=1)
+    # never half-written: the next sweep reads the .json to tell its plan from another
+    write_atomic(results + ".json", json.dumps(report, indent=1))
     splits = bool(report["splits"])
-    with open(results + ".md", "w") as f:
-        f.write(render_splits_markdown(report) if splits else render_markdown(report))
+    write_atomic(
+        results + ".md", render_splits_markdown(report) if splits else render_markdown(report)
+    )
     (plot_splits if splits else plot)(report, results + ".png")
     return report

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from rope_jax import data, defaults, signals
-from rope_jax.harness import flops
+from rope_jax.harness import flops, workdir
 
 # Dense bfloat16 peak per device (no sparsity), FLOP/s.
 PEAK_BF16 = {"H100 SXM": 989e12, "H200": 989e12, "TPU v5p": 459e12}
@@ -213,8 +213,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(text, end="")
         return
     notes = kept_notes(out)
-    with open(out, "w") as f:
-        f.write(text + (f"\n{notes}" if notes else ""))
+    workdir.write_atomic(out, text + (f"\n{notes}" if notes else ""))  # the notes: never lost
     print(f"wrote {out}" + (" (notes kept)" if notes else ""))
 
 
