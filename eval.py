@@ -32,6 +32,8 @@ each scores its own rows of every batch, the numbers are those of one process.
 
 from __future__ import annotations
 
+import os
+
 from rope_jax import signals
 
 if __name__ == "__main__":  # first: a Ctrl-C while JAX imports (seconds) waits for main
@@ -115,8 +117,8 @@ def main(argv):
         with signals.StopAtOnce() as stop:
             _run(Progress(FLAGS.progress_s, check=stop.check), rope_scaling)
     except signals.Interrupted as e:
-        whole = "" if FLAGS.generate else "; a result file is written only once complete"
-        cli.abort(f"interrupted by {e.name}{whole}", e.exit_code)
+        whole = "" if FLAGS.generate else "a result file is written only once complete"
+        os._exit(signals.interrupted(e, whole))  # as `cli.abort`: no teardown under XLA
     except ValueError as e:  # CheckpointError, DataSourceError, WorkdirError, config errors
         cli.fail(e)
 

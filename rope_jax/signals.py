@@ -57,7 +57,7 @@ def hold_signals() -> None:
         signal.signal(sig, _hold)
     _holding[:] = [True]
     sys.excepthook = _one_line_interrupt(sys.excepthook)
-    sys.unraisablehook = _quiet_dropped_interrupt(sys.unraisablehook)
+    sys.unraisablehook = _deliver_dropped_again(sys.unraisablehook)
 
 
 def hold_for_module() -> None:
@@ -116,7 +116,7 @@ def _record(sig, frame) -> None:
     raise Interrupted(sig)
 
 
-def _quiet_dropped_interrupt(previous):
+def _deliver_dropped_again(previous):
     """Outside `Interrupts` and `StopAtOnce` (whose own hook comes first), a signal that
     `_record` raised where Python drops it is delivered again, from a thread: it lands
     at a later point of the main thread (or is dropped and delivered again)."""
