@@ -15,6 +15,7 @@ from ml_collections.config_flags import tuple_parser
 from configs import common
 from rope_jax.experiments import plan, sweep
 from rope_jax.experiments import report as report_lib
+from rope_jax.harness import provenance
 from rope_jax.harness import workdir as workdir_lib
 
 # One test worker runs the module (its tests share one module-scoped sweep, built once).
@@ -295,11 +296,16 @@ def test_sweep_trains_every_row_and_seed_and_writes_the_report(swept):
         assert [r["seed"] for r in runs] == [0, 1]
         assert [s for s, _ in runs[0]["eval_curve"]] == [5, 10]
         assert [s for s, _ in runs[0]["train_curve"]] == [5, 10]
+    here = provenance.describe(provenance.code_version())  # the code that trained the runs
+    assert report["code"] == [here] and all(
+        run["code"] == [here] for r in report["rows"].values() for run in r["runs"]
+    )
 
     md = (workdir / "out/table.md").read_text()
     assert md == report_lib.render_markdown(report)  # the json regenerates the table
     assert "python -m rope_jax.experiments.sweep --config=configs/lm.py:size=tiny" in md
-    assert "jax " in md and "device: cpu" in md and "model.num_layers=1" in md
+    assert "jax " in md and f"device: cpu (cpu) x1; code: {here}." in md
+    assert "model.num_layers=1" in md
     assert "| loss @32 (T) mean ± std | loss @64 (2T) mean ± std | loss @128 (4T) mean ± std" in md
     assert "article loss | article rank |" in md
     lines = {line.split(" | ")[0]: line for line in md.splitlines() if line.startswith("| ")}

@@ -16,7 +16,7 @@ import eval as eval_lib
 import train
 from configs import lm
 from rope_jax import harness
-from rope_jax.harness import checkpoint, metrics, resume
+from rope_jax.harness import checkpoint, metrics, provenance, resume
 from tests.slurm_helpers import xla_flags
 
 pytestmark = pytest.mark.slow  # end-to-end training runs
@@ -73,6 +73,10 @@ def test_resume_ends_with_exactly_the_same_parameters(data_dir, tmp_path):
     a, extra_a = final_params(straight, config)
     b, extra_b = final_params(interrupted, config)
     assert extra_a == extra_b  # data iterator position included
+    starts = provenance.read_starts(interrupted)  # a line for each start, the resume's too
+    assert [r["step"] for r in starts][0] == 0 and starts[-1]["step"] == 10, starts
+    here = provenance.describe(provenance.code_version())
+    assert {r["code"] for r in starts} == {here} and starts[-1]["jax"] == jax.__version__
     for x, y in zip(a, b, strict=True):
         np.testing.assert_array_equal(x, y)
 
@@ -130,6 +134,7 @@ def test_eval_restores_into_an_abstract_target_and_extrapolates(data_dir, tmp_pa
     saved = json.load(open(tmp_path / "eval_20.json"))
     assert saved["32"]["loss"] == pytest.approx(result["32"]["loss"])
     assert saved["32"]["perplexity"] == pytest.approx(np.exp(saved["32"]["loss"]), rel=1e-6)
+    assert saved["code"] == provenance.describe(provenance.code_version()) and "code" not in result
 
 
 def test_damaged_and_mismatched_checkpoints_give_one_clear_line(data_dir, tmp_path):

@@ -101,13 +101,31 @@ def summarize(report: dict) -> list[dict]:
     return sorted(rows, key=lambda r: r["rank"])
 
 
+def code_of(rows: dict) -> list[str]:
+    """The code every run of a report's rows was trained under (`provenance.codes`), in
+    the order met; a run made before runs recorded it adds "not recorded"."""
+    codes = [run.get("code") or ["not recorded"] for r in rows.values() for run in r["runs"]]
+    return list(dict.fromkeys(c for run in codes for c in run))
+
+
 def header(report: dict) -> list[str]:
-    """Title, command, date/versions/device and settings lines of a results page."""
+    """Title, command, date/versions/device/code and settings lines of a results page."""
     settings = ", ".join(f"{k}={v}" for k, v in report["settings"].items())
     seeds = ", ".join(map(str, report["seeds"]))
+    code = report.get("code")
+    code = (
+        ""
+        if not code
+        else f"; code: {', '.join(code)}"
+        + (
+            " (the runs span these; each run's are in its provenance.jsonl)"
+            if len(code) > 1
+            else ""
+        )
+    )
     return [f"# Sweep: {report['config']}", "", *([report["title"], ""] if report["title"] else []),
             f"Command: `{report['command']}`", "",
-            f"Date: {report['date']}; jax {report['jax']}; device: {report['device']}.", "",
+            f"Date: {report['date']}; jax {report['jax']}; device: {report['device']}{code}.", "",
             f"Settings: {settings}; seeds: {seeds}.", ""]  # fmt: skip
 
 
@@ -359,7 +377,7 @@ def plot_splits(report: dict, path: str) -> None:
 
 def collect(run: Job) -> dict:
     """One run's numbers: final eval losses per length and its metric curves."""
-    from rope_jax.harness import metrics  # imports jax: not at the sweep's start
+    from rope_jax.harness import metrics, provenance  # import jax: not at the sweep's start
 
     with open(os.path.join(run.workdir, f"eval_{run.final_step}.json")) as f:
         saved = json.load(f)
@@ -369,7 +387,7 @@ def collect(run: Job) -> dict:
     return {"seed": run.seed, "workdir": run.workdir, "step": saved["step"],
             "loss": {key: saved[key]["loss"] for key in columns(run)},
             "bits_per_byte": {key: saved[key].get("bits_per_byte") for key in columns(run)},
-            "tokenizer": _tokenizer_name(run.workdir),
+            "tokenizer": _tokenizer_name(run.workdir), "code": provenance.codes(run.workdir),
             "accuracy": {s: saved[s].get("answer_accuracy") for s in run.splits},
             "metrics": {s: saved[s] for s in run.splits},
             "eval_curve": curve("eval/loss"), "train_curve": curve("loss")}  # fmt: skip
@@ -398,7 +416,7 @@ def write_report(runs: list[Job], context: dict, argv, results: str) -> dict:
                   date=datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
                   device=context.get("device")  # where the runs ran, when not here
                   or f"{dev.platform} ({dev.device_kind}) x{jax.device_count()}",
-                  seq_lens=[str(t) for t in runs[0].seq_lens],
+                  code=code_of(rows), seq_lens=[str(t) for t in runs[0].seq_lens],
                   splits=list(runs[0].splits))  # fmt: skip
     os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
     # never half-written: the next sweep reads the .json to tell its plan from another

@@ -41,6 +41,7 @@ from rope_jax.harness import (
     distributed,
     feed,
     metrics,
+    provenance,
     runfiles,
     setup,
     steps,
@@ -48,7 +49,7 @@ from rope_jax.harness import (
 from rope_jax.harness import workdir as workdir_lib
 from rope_jax.nn import generate
 
-_RESULT_KEYS = ("step", "split", "train_seq_len", "settings")
+_RESULT_KEYS = ("step", "split", "train_seq_len", "settings", "code")
 
 
 def pin_step(ckpt: checkpoint.Manager, step: int | None, live: bool) -> int:
@@ -289,8 +290,8 @@ def evaluate_checkpoint(
     `passkey_examples` > 0 adds passkey retrieval at every length (`passkey_accuracy`).
     `progress` prints progress lines of the scoring and checks for a signal per batch.
 
-    The file (`eval_path`) also records the settings; the returned dict is the same
-    without them.
+    The file (`eval_path`) also records the settings and the code that scored it
+    (`provenance.describe`); the returned dict is the same without them.
     """
     config = with_rope_scaling(runfiles.load_config(workdir), rope_scaling, max_position_embeddings)
     config = with_data(config, data_name, data_dir)
@@ -330,7 +331,10 @@ def evaluate_checkpoint(
         if progress is not None:
             progress.check()  # a signal dropped in the last batch: nothing is written
         if jax.process_index() == 0:
-            workdir_lib.write_atomic(path, json.dumps({**result, "settings": settings}, indent=2))
+            code = provenance.describe(provenance.code_version())
+            workdir_lib.write_atomic(
+                path, json.dumps({**result, "settings": settings, "code": code}, indent=2)
+            )
     console.say(json.dumps(result, indent=2))  # process 0 only
     console.note(f"evaluated step {step} of {ckpt.directory}{_live_note(live)}; wrote {path}")
     return result

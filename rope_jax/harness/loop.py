@@ -6,7 +6,8 @@ to hold tokens, and a resumed run's config is compared with its config.json
 (`resume.check_resume`). config.json is written only once the run has started
 (first step done, or checkpoint restored), so a run that fails at once leaves the
 workdir as it was. Then the metric files drop what the checkpoint does not cover (rows
-of later steps, from before a restart: `metrics.MetricWriter`).
+of later steps, from before a restart: `metrics.MetricWriter`), and provenance.jsonl
+gains a line naming the code this start runs (`provenance.record_start`).
 
 Restarting in the same workdir resumes from the newest checkpoint (parameters,
 optimiser, data position), verified against its checksums; with `fallback`, damaged
@@ -42,6 +43,7 @@ from rope_jax.harness import (
     evaluate,
     feed,
     metrics,
+    provenance,
     resume,
     runfiles,
     setup,
@@ -220,6 +222,7 @@ class _Session:
             self.workdir, self.config, keep_old_as=step if self.changes else None
         )
         runfiles.save_tokenizer(self.workdir, data.kind(self.config.data).tokenizer())
+        provenance.record_start(self.workdir, step)
         if self.changes:
             console.warn(f"config changed at step {step} ({'; '.join(self.changes)}); "
                          f"the previous config is kept in {kept}")  # fmt: skip

@@ -1,0 +1,91 @@
+"""Which code made a number: the commit a checkout is at, and whether its code changed."""
+
+import os
+import subprocess
+
+import pytest
+
+from rope_jax import __version__
+from rope_jax.experiments import report
+from rope_jax.harness import provenance
+
+
+def _git(root, *args):
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True,
+                          text=True).stdout.strip()  # fmt: skip
+
+
+@pytest.fixture
+def checkout(tmp_path, monkeypatch):
+    """A git repository with a committed module and a committed results file, standing
+    in for this package's checkout."""
+    root = tmp_path / "repo"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "a.py").write_text("x = 1\n")
+    (root / "table.json").write_text("{}\n")
+    _git(root, "init", "-q")
+    _git(root, "add", ".")
+    _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
+    monkeypatch.setattr(provenance, "_ROOT", str(root))
+    return root
+
+
+def _version():
+    return provenance.code_version.__wrapped__()  # not the cached answer for this checkout
+
+
+def test_the_commit_and_whether_python_files_changed(checkout):
+    head = _git(checkout, "rev-parse", "HEAD")
+    assert _version() == {"commit": head, "changed": False, "rope_jax": __version__}
+    assert provenance.describe(_version()) == head[:7]
+    (checkout / "table.json").write_text('{"rows": 1}\n')  # results are not code
+    (checkout / "pkg" / "new.py").write_text("y = 2\n")  # nor is a file git does not track
+    assert _version()["changed"] is False
+    (checkout / "pkg" / "a.py").write_text("x = 2\n")
+    assert _version()["changed"] is True
+    assert provenance.describe(_version()) == f"{head[:7]} + uncommitted changes"
+
+
+def test_outside_a_checkout_the_package_version_stands_in(tmp_path, checkout, monkeypatch):
+    plain = tmp_path / "copied_tree"
+    plain.mkdir()
+    monkeypatch.setattr(provenance, "_ROOT", str(plain))
+    assert _version() == {"commit": None, "changed": None, "rope_jax": __version__}
+    assert provenance.describe(_version()) == f"rope_jax {__version__} (no git commit)"
+    # installed inside some other repository: that repository's commit is not ours
+    monkeypatch.setattr(provenance, "_ROOT", str(checkout / "pkg"))
+    assert _version()["commit"] is None
+    assert provenance.describe(None) == "unknown"
+
+
+def test_this_checkout_names_its_own_head():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.isdir(os.path.join(root, ".git")) and not os.path.isfile(
+        os.path.join(root, ".git")
+    ):
+        pytest.skip("the tests run from a tree that is not a git checkout")
+    assert provenance.code_version()["commit"] == _git(root, "rev-parse", "HEAD")
+
+
+def test_starts_are_appended_and_a_line_cut_short_is_skipped(tmp_path):
+    provenance.record_start(str(tmp_path), 0)
+    provenance.record_start(str(tmp_path), 500)
+    with open(tmp_path / provenance.FILE, "a") as f:
+        f.write('{"step": 900, "co')  # killed mid-line
+    starts = provenance.read_starts(str(tmp_path))
+    assert [r["step"] for r in starts] == [0, 500]
+    assert provenance.codes(str(tmp_path)) == [provenance.describe(provenance.code_version())]
+    assert provenance.read_starts(str(tmp_path / "none")) == []
+
+
+def test_a_sweep_page_names_the_code_of_its_runs():
+    rows = {"qk": {"runs": [{"code": ["abc1234"]}, {"code": ["abc1234", "def5678"]}]},
+            "nope": {"runs": [{}]}}  # fmt: skip
+    assert report.code_of(rows) == ["abc1234", "def5678", "not recorded"]
+    page = dict(config="c", title="", command="x", date="d", jax="j", device="cpu",
+                settings={}, seeds=[0])  # fmt: skip
+    assert report.header(page)[4] == "Date: d; jax j; device: cpu."  # a page from before
+    line = report.header(dict(page, code=["abc1234"]))[4]
+    assert line == "Date: d; jax j; device: cpu; code: abc1234."
+    line = report.header(dict(page, code=["abc1234", "def5678"]))[4]
+    assert "code: abc1234, def5678 (the runs span these" in line
