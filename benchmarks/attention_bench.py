@@ -28,6 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_child  # noqa: E402
 
+from rope_jax import provenance  # noqa: E402
+
 IMPLS = ("xla", "dot_product", "chunked")
 
 
@@ -121,7 +123,7 @@ def report(results, args, command: str) -> str:
         "# Attention kernels: memory and time of a train step against context length",
         "", f"Command: `{command}`", "",
         f"Date: {datetime.datetime.now():%Y-%m-%d %H:%M}; jax {jax.__version__}; "
-        f"{jax.default_backend()} ({bench_child.cpu_name()}), {os.cpu_count()} cores.", "",
+        f"{jax.default_backend()} ({provenance.cpu_name()}), {os.cpu_count()} cores.", "",
         "The `tiny` preset (2 layers, D = 128, 4 heads x 32, 2 kv heads), batch 1: one "
         "training step (forward, backward, AdamW). Temp = XLA's compiled temporary memory; "
         f"step time (median of {args.steps}) only where temp < {args.max_gib} GiB.", "",

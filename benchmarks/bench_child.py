@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -36,14 +35,3 @@ def torch_available() -> bool:
 def peak_rss_mib() -> float:
     """This process's peak resident set size (Linux ru_maxrss is in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), else platform.processor()."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()

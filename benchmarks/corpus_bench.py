@@ -36,6 +36,8 @@ sys.path.insert(0, _HERE)
 
 import bench_child  # noqa: E402
 
+from rope_jax import provenance  # noqa: E402
+
 
 def write_source(directory: str, copies: int) -> str:
     """`copies` x the stdlib corpus as .jsonl files (one per copy); returns their glob."""
@@ -108,7 +110,7 @@ def render(rows: list[dict], args, argv) -> str:
         f"Command: `python benchmarks/corpus_bench.py {' '.join(argv)}`",
         "",
         f"Date: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}; "
-        f"CPU: {bench_child.cpu_name()} x{os.cpu_count()}.",
+        f"CPU: {provenance.cpu_name()} x{os.cpu_count()}.",
         "",
         "The stdlib corpus written K times as .jsonl, prepared with the byte tokenizer "
         "(ArrayRecord shards, zstd), read by the `small` preset's training input (B = 32 "

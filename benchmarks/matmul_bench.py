@@ -39,6 +39,8 @@ for _path in (_ROOT, os.path.join(_ROOT, "benchmarks")):  # configs, bench_child
 
 import bench_child  # noqa: E402
 
+from rope_jax import provenance  # noqa: E402
+
 DTYPES = ("float32", "bfloat16")
 
 
@@ -167,7 +169,7 @@ def report(size: str, ours: dict, peer: dict | None, command: str) -> str:
         "",
         f"Command: `{command}`",
         "",
-        f"Machine: {os.cpu_count()} CPU cores ({bench_child.cpu_name()}), {platform.machine()}. "
+        f"Machine: {os.cpu_count()} CPU cores ({provenance.cpu_name()}), {platform.machine()}. "
         f"Versions: jax {ours['version']}" + (f", torch {peer['version']}" if peer else "") + ".",
         "",
         "| dtype | product | (batch x) M x K x N | form | per step | XLA GFLOP/s | "

@@ -31,8 +31,9 @@ for _path in (_ROOT, os.path.join(_ROOT, "benchmarks")):  # configs, bench_*
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-import bench_child  # noqa: E402
 from bench_shapes import shape  # noqa: E402
+
+from rope_jax import provenance  # noqa: E402
 
 FORMS = {"f32": ("float32", "plain"), "plain": ("bfloat16", "plain"),
          "split": ("bfloat16", "split")}  # fmt: skip
@@ -112,7 +113,7 @@ def report(size: str, rows: list[dict], ceil: dict, command: str) -> str:
         "",
         f"Command: `{command}`",
         "",
-        f"Machine: {os.cpu_count()} CPU cores ({bench_child.cpu_name()}), {platform.machine()}; "
+        f"Machine: {os.cpu_count()} CPU cores ({provenance.cpu_name()}), {platform.machine()}; "
         f"jax {jax.__version__}, backend {jax.default_backend()}. Matmul ceiling in the same "
         f"run (2048^3): float32 {ceil['f32_gflops']:.0f} GFLOP/s, bfloat16 with float32 "
         f"results {ceil['bf16_gflops']:.0f} GFLOP/s "

@@ -39,7 +39,7 @@ for _path in (_ROOT, os.path.join(_ROOT, "benchmarks")):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from bench_child import cpu_name  # noqa: E402
+from rope_jax.provenance import cpu_name  # noqa: E402
 
 GIB = 2**30
 

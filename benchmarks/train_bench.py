@@ -53,6 +53,8 @@ import train_report  # noqa: E402
 from train_ours import VARIANTS, measure_ceiling, measure_ours  # noqa: E402
 from train_peer import measure_peer  # noqa: E402
 
+from rope_jax import provenance  # noqa: E402
+
 SIZES = ("tiny", "small")
 DEFAULT_STEPS = {"tiny": (5, 30), "small": (2, 8)}  # (warm-up, timed) steps per size
 
@@ -160,7 +162,7 @@ def _meta(argv, steps: dict, has_peer: bool) -> dict:
     import jax
 
     versions = _versions(has_peer)
-    cpu = bench_child.cpu_name()
+    cpu = provenance.cpu_name()
     return {
         "command": "python benchmarks/train_bench.py " + " ".join(argv or sys.argv[1:]),
         "date": datetime.date.today().isoformat(),

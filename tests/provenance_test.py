@@ -5,9 +5,8 @@ import subprocess
 
 import pytest
 
-from rope_jax import __version__
+from rope_jax import __version__, provenance
 from rope_jax.experiments import report
-from rope_jax.harness import provenance
 
 
 def _git(root, *args):
@@ -74,7 +73,8 @@ def test_starts_are_appended_and_a_line_cut_short_is_skipped(tmp_path):
         f.write('{"step": 900, "co')  # killed mid-line
     starts = provenance.read_starts(str(tmp_path))
     assert [r["step"] for r in starts] == [0, 500]
-    assert provenance.codes(str(tmp_path)) == [provenance.describe(provenance.code_version())]
+    assert provenance.seen(str(tmp_path)) == [provenance.describe(provenance.code_version())]
+    assert provenance.seen(str(tmp_path), "devices") == [provenance.devices()]
     assert provenance.read_starts(str(tmp_path / "none")) == []
 
 

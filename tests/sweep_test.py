@@ -13,9 +13,9 @@ import pytest
 from ml_collections.config_flags import tuple_parser
 
 from configs import common
+from rope_jax import provenance
 from rope_jax.experiments import plan, sweep
 from rope_jax.experiments import report as report_lib
-from rope_jax.harness import provenance
 from rope_jax.harness import workdir as workdir_lib
 
 # One test worker runs the module (its tests share one module-scoped sweep, built once).
@@ -304,7 +304,8 @@ def test_sweep_trains_every_row_and_seed_and_writes_the_report(swept):
     md = (workdir / "out/table.md").read_text()
     assert md == report_lib.render_markdown(report)  # the json regenerates the table
     assert "python -m rope_jax.experiments.sweep --config=configs/lm.py:size=tiny" in md
-    assert "jax " in md and f"device: cpu (cpu) x1; code: {here}." in md
+    assert "jax " in md and f"device: {provenance.devices()}; code: {here}." in md
+    assert provenance.devices() == f"cpu ({provenance.cpu_name()}) x1"
     assert "model.num_layers=1" in md
     assert "| loss @32 (T) mean ± std | loss @64 (2T) mean ± std | loss @128 (4T) mean ± std" in md
     assert "article loss | article rank |" in md

@@ -15,8 +15,8 @@ import pytest
 import eval as eval_lib
 import train
 from configs import lm
-from rope_jax import harness
-from rope_jax.harness import checkpoint, metrics, provenance, resume
+from rope_jax import harness, provenance
+from rope_jax.harness import checkpoint, metrics, resume
 from tests.slurm_helpers import xla_flags
 
 pytestmark = pytest.mark.slow  # end-to-end training runs

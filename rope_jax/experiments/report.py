@@ -102,7 +102,7 @@ def summarize(report: dict) -> list[dict]:
 
 
 def code_of(rows: dict) -> list[str]:
-    """The code every run of a report's rows was trained under (`provenance.codes`), in
+    """The code every run of a report's rows was trained under (`provenance.seen`), in
     the order met; a run made before runs recorded it adds "not recorded"."""
     codes = [run.get("code") or ["not recorded"] for r in rows.values() for run in r["runs"]]
     return list(dict.fromkeys(c for run in codes for c in run))
@@ -377,7 +377,8 @@ def plot_splits(report: dict, path: str) -> None:
 
 def collect(run: Job) -> dict:
     """One run's numbers: final eval losses per length and its metric curves."""
-    from rope_jax.harness import metrics, provenance  # import jax: not at the sweep's start
+    from rope_jax import provenance
+    from rope_jax.harness import metrics  # imports jax: not at the sweep's start
 
     with open(os.path.join(run.workdir, f"eval_{run.final_step}.json")) as f:
         saved = json.load(f)
@@ -387,7 +388,8 @@ def collect(run: Job) -> dict:
     return {"seed": run.seed, "workdir": run.workdir, "step": saved["step"],
             "loss": {key: saved[key]["loss"] for key in columns(run)},
             "bits_per_byte": {key: saved[key].get("bits_per_byte") for key in columns(run)},
-            "tokenizer": _tokenizer_name(run.workdir), "code": provenance.codes(run.workdir),
+            "tokenizer": _tokenizer_name(run.workdir), "code": provenance.seen(run.workdir, "code"),
+            "devices": provenance.seen(run.workdir, "devices"),
             "accuracy": {s: saved[s].get("answer_accuracy") for s in run.splits},
             "metrics": {s: saved[s] for s in run.splits},
             "eval_curve": curve("eval/loss"), "train_curve": curve("loss")}  # fmt: skip
@@ -406,16 +408,21 @@ def write_report(runs: list[Job], context: dict, argv, results: str) -> dict:
     """Collects every run into <results>.json, then writes <results>.md and .png."""
     import jax
 
+    from rope_jax import provenance
     from rope_jax.harness.workdir import write_atomic  # imports jax too: not at the start
 
-    dev, rows = jax.devices()[0], {}
+    rows = {}
     for run in runs:
         rows.setdefault(run.row, {"overrides": context["overrides"][run.row], "runs": []})
         rows[run.row]["runs"].append(collect(run))
+    ran_on = [d for r in rows.values() for run in r["runs"] for d in run["devices"]]
     report = dict(context, command=format_command(argv), jax=jax.__version__, rows=rows,
                   date=datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
-                  device=context.get("device")  # where the runs ran, when not here
-                  or f"{dev.platform} ({dev.device_kind}) x{jax.device_count()}",
+                  # how the sweep launched them (SLURM) and where the runs recorded they
+                  # ran (runs from before that: here)
+                  device="; ".join(filter(None, (context.get("device"),
+                                                 ", ".join(dict.fromkeys(ran_on)))))
+                  or provenance.devices(),
                   code=code_of(rows), seq_lens=[str(t) for t in runs[0].seq_lens],
                   splits=list(runs[0].splits))  # fmt: skip
     os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)

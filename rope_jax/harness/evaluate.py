@@ -32,7 +32,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from rope_jax import data, defaults, sharding
+from rope_jax import data, defaults, provenance, sharding
 from rope_jax.data import passkey, sources
 from rope_jax.harness import (
     checkpoint,
@@ -41,7 +41,6 @@ from rope_jax.harness import (
     distributed,
     feed,
     metrics,
-    provenance,
     runfiles,
     setup,
     steps,

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rope_jax import data, sharding
+from rope_jax import data, provenance, sharding
 from rope_jax.harness import (
     checkpoint,
     checks,
@@ -43,7 +43,6 @@ from rope_jax.harness import (
     evaluate,
     feed,
     metrics,
-    provenance,
     resume,
     runfiles,
     setup,

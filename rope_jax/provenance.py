@@ -1,13 +1,19 @@
-"""Which code made a number: the git commit of this checkout, recorded with each run.
+"""Which code and machine made a number: the git commit of this checkout and the
+processor, recorded with each run. Standard library only (cheap to import anywhere).
 
   provenance.code_version()          # {"commit": "0c85ec3...", "changed": False, ...}
   provenance.describe(version)       # "0c85ec3" / "0c85ec3 + uncommitted changes"
   provenance.record_start(workdir, step)   # one line in <workdir>/provenance.jsonl
   provenance.read_starts(workdir)    # those lines, oldest first
+  provenance.seen(workdir, "code")   # the codes a run was trained under, each once
+  provenance.devices()               # "cpu (AMD EPYC) x1", "gpu (NVIDIA H100 80GB HBM3) x8"
 
 A run records a line each time it starts or resumes (its step, the commit, whether a
 tracked Python file differs from that commit, jax's version, the devices), so a run
-resumed under newer code says so. Evaluation files and a sweep's results carry the same
+resumed under newer code or on another machine says so. The processor matters on a
+CPU: bfloat16 matmuls take other kernels on other CPUs (AMX on recent Xeons, AVX-512
+on EPYCs), so the same command and seed are bit-identical on one machine but need not
+be across machines. Evaluation files and a sweep's results carry the same
 description. Outside a git checkout (an installed package, a copied tree) the commit is
 None and the package's version stands in.
 """
@@ -17,12 +23,12 @@ from __future__ import annotations
 import functools
 import json
 import os
+import platform
 import subprocess
 import time
 
 FILE = "provenance.jsonl"
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # rope_jax/
-_ROOT = os.path.dirname(_PACKAGE)  # the checkout holding it
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # holds rope_jax/
 
 
 def _git(*args: str) -> str | None:
@@ -72,12 +78,32 @@ def record_start(workdir: str, step: int) -> None:
 
     if jax.process_index() != 0:
         return
-    dev = jax.devices()[0]
     record = {"step": int(step), "time": time.time(), "code": describe(code_version()),
-              **code_version(), "jax": jax.__version__,
-              "devices": f"{dev.platform} ({dev.device_kind}) x{jax.device_count()}"}  # fmt: skip
+              **code_version(), "jax": jax.__version__, "devices": devices()}  # fmt: skip
     with open(os.path.join(workdir, FILE), "a") as f:
         f.write(json.dumps(record) + "\n")
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else platform.processor()."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def devices() -> str:
+    """This process's devices as "<platform> (<kind>) x<count>", a CPU named by its
+    model (jax calls every CPU "cpu")."""
+    import jax
+
+    dev = jax.devices()[0]
+    kind = cpu_name() if dev.platform == "cpu" else dev.device_kind
+    return f"{dev.platform} ({kind}) x{jax.device_count()}"
 
 
 def read_starts(workdir: str) -> list[dict]:
@@ -96,6 +122,7 @@ def read_starts(workdir: str) -> list[dict]:
     return [r for r in out if isinstance(r, dict)]
 
 
-def codes(workdir: str) -> list[str]:
-    """The code descriptions a run was trained under, in the order it met them."""
-    return list(dict.fromkeys(r["code"] for r in read_starts(workdir) if "code" in r))
+def seen(workdir: str, key: str = "code") -> list[str]:
+    """The values of `key` ("code", "devices", "jax") over a run's starts, each once, in
+    the order met: the code (or the machines) a run was trained under."""
+    return list(dict.fromkeys(r[key] for r in read_starts(workdir) if key in r))
