@@ -14,7 +14,7 @@ from ml_collections.config_flags import tuple_parser
 
 from configs import common
 from rope_jax import provenance
-from rope_jax.experiments import plan, sweep
+from rope_jax.experiments import launch, plan, sweep
 from rope_jax.experiments import report as report_lib
 from rope_jax.harness import workdir as workdir_lib
 
@@ -237,6 +237,24 @@ def test_the_command_line_exits_non_zero_with_one_line(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_job_started_after_jax_was_imported_ends_with_its_parent_and_warns_of_nothing():
+    """A tool that evaluates in its own process (jax imported, its threads running) then
+    starts the next job: no fork warning, and the job is tied to this process."""
+    import warnings
+
+    import jax
+
+    jax.numpy.zeros(2).block_until_ready()
+    cmd = [sys.executable, "-c", "import os; print(os.getppid(), os.getsid(0))"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        proc = launch.start(cmd, stdout=subprocess.PIPE, text=True)
+        out = proc.communicate(timeout=60)[0]
+    assert not [w for w in caught if "fork" in str(w.message)], [str(w.message) for w in caught]
+    parent, session = map(int, out.split())
+    assert parent == os.getpid() and session == proc.pid  # its own session, for Ctrl-C
+
+
 def test_a_failing_run_stops_the_sweep_and_shows_its_log(tmp_path, capsys):
     argv = ["--config=configs/lm.py:size=tiny", f"--workdir={tmp_path}", "--rows=qk", "--set", TINY]
     argv += ["--set", f"data.name=no_such_dataset_xyz,data.data_dir={tmp_path}"]

@@ -450,16 +450,11 @@ def plot(result: dict, path: str) -> None:
             ax.set_xlabel("evaluation length")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    report.save_figure(fig, path, 110)
 
 
 def write_results(result: dict, out: str, command: str) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out + ".json", "w") as f:
-        json.dump({**result, "command": command}, f, indent=1)
-    with open(out + ".md", "w") as f:
-        f.write(render_markdown(result, command))
+    report.write_page(out, {**result, "command": command}, render_markdown(result, command))
     plot(result, out + ".png")
 
 

@@ -25,7 +25,14 @@ import sys
 import numpy as np
 
 from rope_jax import signals
-from rope_jax.experiments.report import kendall, mean_std, plus_minus, ranks
+from rope_jax.experiments.report import (
+    kendall,
+    mean_std,
+    plus_minus,
+    ranks,
+    save_figure,
+    write_page,
+)
 
 
 def label(report: dict) -> str:
@@ -179,8 +186,7 @@ def plot(rungs: list[dict], path: str) -> None:
     right.invert_yaxis()
     right.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # off the lines
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, 110)
 
 
 def main(argv=None) -> None:
@@ -199,10 +205,7 @@ def main(argv=None) -> None:
     rows = [r for r in args.rows.split(",") if r]
     rungs = [rung(json.load(open(s)), rows) for s in paths]
     command = "python -m rope_jax.experiments.ladder " + " ".join(argv)
-    with open(args.out + ".json", "w") as f:
-        json.dump({"command": command, "rungs": rungs}, f, indent=1)
-    with open(args.out + ".md", "w") as f:
-        f.write(render(rungs, command))
+    write_page(args.out, {"command": command, "rungs": rungs}, render(rungs, command))
     plot(rungs, args.out + ".png")
     print(f"wrote {args.out}.md, {args.out}.png, {args.out}.json")
 

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 from rope_jax.experiments.plan import ROOT, Job, SweepError, status
 from rope_jax.experiments.report import collect
@@ -45,6 +46,17 @@ def _end_with_parent(prctl):
     return None if prctl is None else (lambda: prctl(1, signal.SIGTERM))
 
 
+def start(cmd: list, **kwargs) -> subprocess.Popen:
+    """`subprocess.Popen(cmd, **kwargs)` in a new session whose child ends with this
+    process (`_end_with_parent`). The fork before the exec runs only that prctl call in
+    the child, so JAX's warning that forking a multithreaded process may deadlock (given
+    when a tool that already imported jax starts a job) does not apply and is not shown."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
+        return subprocess.Popen(cmd, start_new_session=True,
+                                preexec_fn=_end_with_parent(_prctl()), **kwargs)  # fmt: skip
+
+
 def launch(cmd: list, log_path: str, env: dict) -> None:
     """Runs `cmd` from the repo root into `log_path`. Ctrl-C reaches only the sweep (the
     child is in a new process group), which sends SIGTERM: train.py saves a checkpoint.
@@ -52,9 +64,7 @@ def launch(cmd: list, log_path: str, env: dict) -> None:
     with open(log_path, "a") as log:
         log.write(f"\n=== {datetime.datetime.now():%Y-%m-%d %H:%M:%S} {shlex.join(cmd)}\n")
         log.flush()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True,
-                                preexec_fn=_end_with_parent(_prctl()))  # fmt: skip
+        proc = start(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             rc = proc.wait()
         except KeyboardInterrupt:

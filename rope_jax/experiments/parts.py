@@ -27,7 +27,14 @@ import sys
 import time
 
 from rope_jax import signals
-from rope_jax.experiments.report import evaluated, kendall, mean_std, plus_minus, ranks
+from rope_jax.experiments.report import (
+    evaluated,
+    kendall,
+    mean_std,
+    plus_minus,
+    ranks,
+    write_page,
+)
 
 
 def parse_args(argv) -> argparse.Namespace:
@@ -71,13 +78,15 @@ def eval_file(run: dict, name: str) -> str:
 
 def evaluate(runs: list[dict], names: list[str], args, lengths: list[int]) -> None:
     """Every (run, dataset) without its eval file, in this process, with progress."""
+    from rope_jax.harness import console
     from rope_jax.harness.evaluate import evaluate_checkpoint  # imports jax
 
+    console.quiet_logs()  # as eval.py: no Orbax/absl records between the progress lines
     todo = [(r, n) for r in runs for n in names if not evaluated(eval_file(r, n), lengths)]
     start = time.time()
     for k, (run, name) in enumerate(todo, 1):
-        log = os.path.join(run["workdir"], "eval.log")
-        with open(log, "a") as f, contextlib.redirect_stdout(f):
+        log = os.path.join(run["workdir"], "eval.log")  # its output and notes: not here
+        with open(log, "a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
             result = evaluate_checkpoint(run["workdir"], step=run["step"], seq_lens=lengths,
                                          num_batches=args.num_batches, tag=name,
                                          data_name=name, data_dir=args.data_dir)  # fmt: skip
@@ -166,11 +175,8 @@ def main(argv=None) -> None:
         sys.exit(f"error: {e}")
     parts = table(report, runs, names, lengths)
     command = "python -m rope_jax.experiments.parts " + " ".join(argv)
-    with open(args.out + ".json", "w") as f:
-        json.dump({"command": command, "lengths": lengths, "parts": parts}, f, indent=1)
-    with open(args.out + ".md", "w") as f:
-        f.write(render(parts, lengths, report.get("article_loss") or {}, command,
-                       len(report["seeds"])))  # fmt: skip
+    page = render(parts, lengths, report.get("article_loss") or {}, command, len(report["seeds"]))
+    write_page(args.out, {"command": command, "lengths": lengths, "parts": parts}, page)
     print(f"wrote {args.out}.md, {args.out}.json")
 
 

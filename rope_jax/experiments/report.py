@@ -256,8 +256,7 @@ def plot(report: dict, path: str) -> None:
     curves.legend(fontsize=8)
     fig.suptitle(report["config"])
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, 120)
 
 
 # ------------------------------------------------------------ held-out splits (accuracy)
@@ -371,8 +370,7 @@ def plot_splits(report: dict, path: str) -> None:
                title="validation loss during training")  # fmt: skip
     fig.suptitle(report["config"])
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, 120)
 
 
 def collect(run: Job) -> dict:
@@ -404,12 +402,35 @@ def _tokenizer_name(workdir: str) -> str:
         return json.load(f)["name"]
 
 
+def write_page(out: str, data: dict, markdown: str) -> None:
+    """<out>.json and <out>.md of a results page, each whole or not at all (a crash
+    mid-write leaves the old file), the directory made first."""
+    from rope_jax.harness.workdir import write_atomic  # imports jax: not at the start
+
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    write_atomic(out + ".json", json.dumps(data, indent=1))
+    write_atomic(out + ".md", markdown)
+
+
+def save_figure(fig, path: str, dpi: int) -> None:
+    """`fig` as a PNG at `path` through a temporary file renamed over it, then closed."""
+    import matplotlib.pyplot as plt
+
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp")
+    try:
+        fig.savefig(tmp, dpi=dpi, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def write_report(runs: list[Job], context: dict, argv, results: str) -> dict:
     """Collects every run into <results>.json, then writes <results>.md and .png."""
     import jax
 
     from rope_jax import provenance
-    from rope_jax.harness.workdir import write_atomic  # imports jax too: not at the start
 
     rows = {}
     for run in runs:
@@ -425,12 +446,9 @@ def write_report(runs: list[Job], context: dict, argv, results: str) -> dict:
                   or provenance.devices(),
                   code=code_of(rows), seq_lens=[str(t) for t in runs[0].seq_lens],
                   splits=list(runs[0].splits))  # fmt: skip
-    os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
     # never half-written: the next sweep reads the .json to tell its plan from another
-    write_atomic(results + ".json", json.dumps(report, indent=1))
     splits = bool(report["splits"])
-    write_atomic(
-        results + ".md", render_splits_markdown(report) if splits else render_markdown(report)
-    )
+    page = render_splits_markdown(report) if splits else render_markdown(report)
+    write_page(results, report, page)
     (plot_splits if splits else plot)(report, results + ".png")
     return report

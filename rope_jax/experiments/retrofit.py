@@ -33,7 +33,7 @@ import sys
 import numpy as np
 
 from rope_jax import signals
-from rope_jax.experiments.report import mean_std
+from rope_jax.experiments.report import mean_std, save_figure, write_page
 
 
 def _load(path: str) -> dict:
@@ -146,8 +146,7 @@ def plot(result: dict, path: str) -> None:
     ax.set_ylabel("held-out loss (nats/token)")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, 120)
 
 
 def main(argv=None) -> None:
@@ -165,10 +164,7 @@ def main(argv=None) -> None:
     if not result["rows"]:
         sys.exit("retrofit: the two sweeps share no row")
     command = "python -m rope_jax.experiments.retrofit " + " ".join(argv or sys.argv[1:])
-    with open(args.out + ".md", "w") as f:
-        f.write(render(result, command))
-    with open(args.out + ".json", "w") as f:
-        json.dump(result, f, indent=1)
+    write_page(args.out, result, render(result, command))
     plot(result, args.out + ".png")
     print(f"wrote {args.out}.md, {args.out}.png, {args.out}.json")
 

@@ -138,10 +138,13 @@ def _evaluated(workdir: str, step: int, row: str) -> bool:
 def _evaluate(workdir: str, step: int, text_dir: str, text_batches: int) -> None:
     """Held-out splits (eval_<step>.json), then held-out Shakespeare with the text LM's
     config and these parameters (eval_<step>_text.json)."""
+    from rope_jax.harness import console
     from rope_jax.harness import workdir as workdir_lib
     from rope_jax.harness.evaluate import evaluate_checkpoint
 
-    with open(os.path.join(workdir, "eval.log"), "a") as f, contextlib.redirect_stdout(f):
+    console.quiet_logs()  # as eval.py: no Orbax/absl records between the progress lines
+    log = os.path.join(workdir, "eval.log")  # its output and notes: not here
+    with open(log, "a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
         evaluate_checkpoint(workdir, step=step, overwrite=True)
         result = text_loss(workdir, step, text_dir, text_batches)
     workdir_lib.write_atomic(os.path.join(workdir, f"eval_{step}_text.json"), json.dumps(result))
@@ -323,8 +326,7 @@ def plot(result: dict, path: str) -> None:
     kept.set(ylabel="held-out Shakespeare loss (nats/token)", title="text kept after the tasks")
     kept.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    report.save_figure(fig, path, 110)
 
 
 def main(argv=None) -> int:
@@ -342,11 +344,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt as e:
         return signals.interrupted(e, "the same command resumes")
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out + ".json", "w") as f:
-            json.dump({**result, "command": command}, f, indent=1)
-        with open(args.out + ".md", "w") as f:
-            f.write(render_markdown(result, command))
+        report.write_page(args.out, {**result, "command": command},
+                          render_markdown(result, command))  # fmt: skip
         plot(result, args.out + ".png")
         print(f"wrote {args.out}.md, .json, .png")
     else:
