@@ -32,7 +32,7 @@ def test_tau_is_exact_when_seeds_agree_and_its_interval_is_a_point():
 def test_one_seed_per_row_gives_no_interval():
     rung = ladder.rung(sweep({r: [v] for r, v in REFERENCE.items()}), list(REFERENCE))
     assert rung["tau"] == pytest.approx(1.0) and rung["tau_ci"] == [None, None]
-    assert "| L2 D16 T8 10 steps | 1 | 1.000 | — (one seed) |" in ladder.render([rung], "cmd")
+    assert "| L2 D16 T8 10 steps | — | 1 | 1.000 | — (one seed) |" in ladder.render([rung], "cmd")
 
 
 @pytest.mark.slow
@@ -75,12 +75,14 @@ def test_command_line_writes_table_plot_and_json(tmp_path):
     for layers in (2, 4):
         losses = {r: [v + 0.01 * s for s in range(3)] for r, v in REFERENCE.items()}
         path = tmp_path / f"L{layers}.json"
-        path.write_text(json.dumps(sweep(losses, layers=layers)))
+        device = "cpu (AMD EPYC) x1" if layers == 2 else "NVIDIA H200"  # where each rung ran
+        path.write_text(json.dumps(dict(sweep(losses, layers=layers), device=device)))
         paths.append(str(path))
     out = tmp_path / "ladder"
     ladder.main([f"--sweeps={','.join(paths)}", "--rows=a,b,c,nope", f"--out={out}"])
     md = (tmp_path / "ladder.md").read_text()
-    assert "| L2 D16 T8 10 steps | 3 | 1.000 |" in md and "| L4 D16 T8 10 steps |" in md
+    assert "| L2 D16 T8 10 steps | cpu (AMD EPYC) x1 | 3 | 1.000 |" in md
+    assert "| L4 D16 T8 10 steps | NVIDIA H200 | 3 |" in md
     assert (tmp_path / "ladder.png").stat().st_size > 0
     assert len(json.loads((tmp_path / "ladder.json").read_text())["rungs"]) == 2
     with pytest.raises(SystemExit, match="no file"):

@@ -101,6 +101,7 @@ def rung(report: dict, rows) -> dict:
         values = [run.get("bits_per_byte", {}).get(t) for run in report["rows"][r]["runs"]]
         bpb[r] = mean_std(values) if values and all(values) else None
     return {"label": label(report), "command": report.get("command", ""), "rows": rows,
+            "device": report.get("device"),
             "seeds": len(report["seeds"]), "fewest_seeds": min(map(len, at_t.values())),
             "seq_lens": report["seq_lens"], "tau": tau,
             "tau_p": kendall({r: np.mean(v) for r, v in at_t.items()}, reference)[1],
@@ -115,15 +116,15 @@ def render(rungs: list[dict], command: str) -> str:
     out = ["# The VO-RoPE site ablation up a ladder of scale", "", f"Command: `{command}`", "",
            "Kendall tau of our order at T against the reference table, with a 95% bootstrap "
            "interval over seeds; NoPE's rank (1 = best).", "",
-           "| rung | seeds | tau | 95% interval | p | NoPE rank |",
-           "|---|---|---|---|---|---|"]  # fmt: skip
+           "| rung | device | seeds | tau | 95% interval | p | NoPE rank |",
+           "|---|---|---|---|---|---|---|"]  # fmt: skip
     for g in rungs:
         lo, hi = g["tau_ci"]
         ci = "—" if lo is None else f"[{lo:.2f}, {hi:.2f}]"
         ci += " (one seed)" if g["fewest_seeds"] == 1 else ""
         p = "—" if g["tau_p"] is None else f"{g['tau_p']:.3f}"
-        out.append(f"| {g['label']} | {g['seeds']} | {g['tau']:.3f} | {ci} | {p} | "
-                   f"{g['nope_rank']} of {len(g['rows'])} |")  # fmt: skip
+        out.append(f"| {g['label']} | {g.get('device') or '—'} | {g['seeds']} | "
+                   f"{g['tau']:.3f} | {ci} | {p} | {g['nope_rank']} of {len(g['rows'])} |")  # fmt: skip
     ref = rungs[0]["reference_ranks"]
     out += ["", "Rank of each row at T per rung (reference rank in brackets):", "",
             "| row | " + " | ".join(g["label"] for g in rungs) + " |",
