@@ -711,8 +711,13 @@ def rung(ctx: Context) -> None:
     ctx.save()
     _log(f"rung: compiled in {time.time() - t0:.1f} s; a step {step_s * 1e3:.1f} ms")
     eval_s = len(eval_lengths(t)) * eval_windows / b * step_s
+    row_s = 1.05 * steps * step_s + eval_s + 5  # what a row is allowed (`fits` below)
+    fit = min(len(todo), max(int(ctx.left() // row_s), 0))
+    _log(f"rung: a row about {row_s:.0f} s; {len(todo)} rows to go, {fit} fit in this call"
+         + ("" if fit == len(todo) else "; the rest go on in the next (the same --out, or "
+            "--resume_from the folder this call's files are kept in)"))  # fmt: skip
     for row in todo:
-        if not ctx.fits(1.05 * steps * step_s + eval_s + 5):
+        if not ctx.fits(row_s):
             return
         done[row] = _train_row(programs[row], train, val, seed=0, eval_windows=eval_windows)
         m = done[row]
