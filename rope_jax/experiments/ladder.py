@@ -123,8 +123,9 @@ def render(rungs: list[dict], command: str) -> str:
         ci = "—" if lo is None else f"[{lo:.2f}, {hi:.2f}]"
         ci += " (one seed)" if g["fewest_seeds"] == 1 else ""
         p = "—" if g["tau_p"] is None else f"{g['tau_p']:.3f}"
+        nope = f"{g['nope_rank']} of {len(g['rows'])}"
         out.append(f"| {g['label']} | {g.get('device') or '—'} | {g['seeds']} | "
-                   f"{g['tau']:.3f} | {ci} | {p} | {g['nope_rank']} of {len(g['rows'])} |")  # fmt: skip
+                   f"{g['tau']:.3f} | {ci} | {p} | {nope} |")  # fmt: skip
     ref = rungs[0]["reference_ranks"]
     out += ["", "Rank of each row at T per rung (reference rank in brackets):", "",
             "| row | " + " | ".join(g["label"] for g in rungs) + " |",
