@@ -63,8 +63,11 @@ def test_loss_falls_and_outputs_are_written(data_dir, tmp_path):
     assert checkpoint.Manager(str(tmp_path), read_only=True).steps() == [40, 50, 60]  # keep 3
 
 
-def test_resume_ends_with_exactly_the_same_parameters(data_dir, tmp_path):
-    config = tiny(data_dir)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_resume_ends_with_exactly_the_same_parameters(data_dir, tmp_path, dtype):
+    """Bit-identical on one machine, bfloat16 matmuls included (provenance.jsonl names
+    the processor: other CPUs take other bfloat16 kernels)."""
+    config = tiny(data_dir, **{"model.dtype": dtype})
     straight, interrupted = str(tmp_path / "a"), str(tmp_path / "b")
     train.train_and_evaluate(config, straight)
     train.train_and_evaluate(config, interrupted)
