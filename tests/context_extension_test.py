@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from rope_jax import provenance
 from rope_jax.experiments import context_extension as ce
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -124,7 +125,10 @@ def test_a_real_experiment_trains_fine_tunes_evaluates_and_resumes(tmp_path):
     )
     assert ft["data"]["seq_len"] == 288 and ft["model"]["rope"]["scaling"]["rope_type"] == "yarn"
     assert ft["train"]["init_from"] == str(base)
-    assert "## The published claims at this scale" in (tmp_path / "results" / "ctx.md").read_text()
+    page = (tmp_path / "results" / "ctx.md").read_text()
+    assert "## The published claims at this scale" in page
+    here = provenance.describe(provenance.code_version())  # base and fine-tuned runs alike
+    assert result["code"] == [here] and f"Device: {provenance.devices()}; code: {here}." in page
     assert (tmp_path / "results" / "ctx.png").stat().st_size > 10_000
     # Again: everything is done, nothing retrains.
     stamp = os.path.getmtime(base / "checkpoints" / "4")

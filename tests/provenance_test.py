@@ -78,10 +78,23 @@ def test_starts_are_appended_and_a_line_cut_short_is_skipped(tmp_path):
     assert provenance.read_starts(str(tmp_path / "none")) == []
 
 
-def test_a_sweep_page_names_the_code_of_its_runs():
-    rows = {"qk": {"runs": [{"code": ["abc1234"]}, {"code": ["abc1234", "def5678"]}]},
-            "nope": {"runs": [{}]}}  # fmt: skip
-    assert report.code_of(rows) == ["abc1234", "def5678", "not recorded"]
+def test_a_page_names_the_code_and_devices_its_runs_recorded(tmp_path):
+    here = provenance.describe(provenance.code_version())
+    a, b, old = (str(tmp_path / n) for n in ("a", "b", "old"))
+    for w in (a, b, old):
+        os.makedirs(w)
+    provenance.record_start(a, 0)
+    with open(os.path.join(b, provenance.FILE), "w") as f:  # b resumed under other code
+        f.write('{"step": 0, "code": "abc1234", "devices": "gpu (NVIDIA H200) x1"}\n')
+    provenance.record_start(b, 10)
+    got = report.provenance_of([a, b, old])  # old: a run from before runs recorded it
+    assert got == {"code": [here, "abc1234", "not recorded"],
+                   "device": f"{provenance.devices()}, gpu (NVIDIA H200) x1"}  # fmt: skip
+    assert report.provenance_of([old]) == {"code": ["not recorded"],
+                                           "device": provenance.devices()}  # fmt: skip
+    assert report.provenance_of([a], "slurm jobs of 2 node(s)")["device"] == (
+        f"slurm jobs of 2 node(s); {provenance.devices()}"
+    )
     page = dict(config="c", title="", command="x", date="d", jax="j", device="cpu",
                 settings={}, seeds=[0])  # fmt: skip
     assert report.header(page)[4] == "Date: d; jax j; device: cpu."  # a page from before

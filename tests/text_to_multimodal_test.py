@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from rope_jax import provenance
 from rope_jax.experiments import text_to_multimodal as ttm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,6 +56,8 @@ def test_a_tiny_transfer_trains_scores_and_skips_what_is_done(data_dir, tmp_path
         log = (tmp_path / "w" / "flat" / init / "seed_0" / "eval.log").read_text()
         assert "evaluated step 4" in log
     page = out.with_suffix(".md").read_text()
+    here = provenance.describe(provenance.code_version())  # the text LM's and both runs'
+    assert result["code"] == [here] and f"Device: {provenance.devices()}; code: {here}." in page
     assert page == ttm.render_markdown(result, result.pop("command"))
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.count("done, skipped") == 3, again.stdout

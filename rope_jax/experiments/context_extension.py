@@ -288,7 +288,8 @@ def collect(cases: list[Case], meta: dict) -> dict:
                           for n in meta["lengths"]}  # fmt: skip
             cell[metric] = {str(n): _mean_std(v) for n, v in per_length.items() if v}
         cells.append(cell)
-    return {**meta, "runs": runs, "cells": cells}
+    workdirs = list(dict.fromkeys(case.workdir for case in cases))
+    return {**meta, "runs": runs, "cells": cells, **report.provenance_of(workdirs)}
 
 
 def _mean_std(values: list[float]) -> list:
@@ -312,6 +313,8 @@ def render_markdown(result: dict, command: str = "") -> str:
     lines = ["# Context extension: scaling rules, with and without a short fine-tune", ""]
     if command:
         lines += [f"Command: `{command}`", ""]
+    if result.get("code"):  # results from before runs recorded it have none
+        lines += [f"Device: {result['device']}{report.provenance_line(result)}.", ""]
     s = result["settings"]
     lines += [
         f"Trained at T = {t} ({s.get('model.num_layers')} layers, D = {s.get('model.embed_dim')}, "

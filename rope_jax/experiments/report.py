@@ -101,28 +101,33 @@ def summarize(report: dict) -> list[dict]:
     return sorted(rows, key=lambda r: r["rank"])
 
 
-def code_of(rows: dict) -> list[str]:
-    """The code every run of a report's rows was trained under (`provenance.seen`), in
-    the order met; a run made before runs recorded it adds "not recorded"."""
-    codes = [run.get("code") or ["not recorded"] for r in rows.values() for run in r["runs"]]
-    return list(dict.fromkeys(c for run in codes for c in run))
+def provenance_of(workdirs, launched_on: str | None = None) -> dict:
+    """{"code": [...], "device": "..."}: the code and devices the runs in `workdirs`
+    recorded in their provenance.jsonl, each once, in the order met (a run from before
+    runs recorded them: "not recorded"); `launched_on` (how a launcher ran them, e.g.
+    SLURM) first. With no device recorded: this process's devices."""
+    from rope_jax import provenance
+
+    code = [c for w in workdirs for c in provenance.seen(w, "code") or ["not recorded"]]
+    devices = [d for w in workdirs for d in provenance.seen(w, "devices")]
+    device = "; ".join(filter(None, (launched_on, ", ".join(dict.fromkeys(devices)))))
+    return {"code": list(dict.fromkeys(code)), "device": device or provenance.devices()}
+
+
+def provenance_line(result: dict) -> str:
+    """'; code: ...' for a page's header ('' for results made before runs recorded it)."""
+    code = result.get("code")
+    if not code:
+        return ""
+    span = " (the runs span these; each run's are in its provenance.jsonl)" if len(code) > 1 else ""
+    return f"; code: {', '.join(code)}{span}"
 
 
 def header(report: dict) -> list[str]:
     """Title, command, date/versions/device/code and settings lines of a results page."""
     settings = ", ".join(f"{k}={v}" for k, v in report["settings"].items())
     seeds = ", ".join(map(str, report["seeds"]))
-    code = report.get("code")
-    code = (
-        ""
-        if not code
-        else f"; code: {', '.join(code)}"
-        + (
-            " (the runs span these; each run's are in its provenance.jsonl)"
-            if len(code) > 1
-            else ""
-        )
-    )
+    code = provenance_line(report)
     return [f"# Sweep: {report['config']}", "", *([report["title"], ""] if report["title"] else []),
             f"Command: `{report['command']}`", "",
             f"Date: {report['date']}; jax {report['jax']}; device: {report['device']}{code}.", "",
@@ -430,21 +435,14 @@ def write_report(runs: list[Job], context: dict, argv, results: str) -> dict:
     """Collects every run into <results>.json, then writes <results>.md and .png."""
     import jax
 
-    from rope_jax import provenance
-
     rows = {}
     for run in runs:
         rows.setdefault(run.row, {"overrides": context["overrides"][run.row], "runs": []})
         rows[run.row]["runs"].append(collect(run))
-    ran_on = [d for r in rows.values() for run in r["runs"] for d in run["devices"]]
     report = dict(context, command=format_command(argv), jax=jax.__version__, rows=rows,
                   date=datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
-                  # how the sweep launched them (SLURM) and where the runs recorded they
-                  # ran (runs from before that: here)
-                  device="; ".join(filter(None, (context.get("device"),
-                                                 ", ".join(dict.fromkeys(ran_on)))))
-                  or provenance.devices(),
-                  code=code_of(rows), seq_lens=[str(t) for t in runs[0].seq_lens],
+                  **provenance_of([run.workdir for run in runs], context.get("device")),
+                  seq_lens=[str(t) for t in runs[0].seq_lens],
                   splits=list(runs[0].splits))  # fmt: skip
     # never half-written: the next sweep reads the .json to tell its plan from another
     splits = bool(report["splits"])

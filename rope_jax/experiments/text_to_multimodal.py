@@ -224,9 +224,11 @@ def collect(todo: dict, args) -> dict:
                 "text_loss": report.mean_std([r["text_loss"] for r in group]),
                 "steps_to_target": reached,
             })  # fmt: skip
+    workdirs = [t[0] for t in todo["text"]] + [r[3] for r in todo["runs"]]
     return {"target": args.target, "layers": args.layers, "text_steps": args.text_steps,
             "steps": args.steps, "eval_every": args.eval_every, "splits": splits,
-            "text_lm_loss": report.mean_std(text), "runs": runs, "cells": cells}  # fmt: skip
+            "text_lm_loss": report.mean_std(text), "runs": runs, "cells": cells,
+            **report.provenance_of(workdirs)}  # fmt: skip
 
 
 def _pm(ms, fmt="{:.3f}") -> str:
@@ -243,6 +245,8 @@ def render_markdown(result: dict, command: str = "") -> str:
     lines = ["# From a text model to a multimodal one", ""]
     if command:
         lines += [f"Command: `{command}`", ""]
+    if result.get("code"):  # results from before runs recorded it have none
+        lines += [f"Device: {result['device']}{report.provenance_line(result)}.", ""]
     lines += [
         f"A {result['layers']}-layer text LM trained {result['text_steps']} steps on Shakespeare "
         f"bytes (held-out loss {_pm(result['text_lm_loss'])} nats/token) starts the digit-grid "
