@@ -71,17 +71,31 @@ def describe(version: dict | None) -> str:
     return text + " + uncommitted changes" if version.get("changed") else text
 
 
-def record_start(workdir: str, step: int) -> None:
+def record_start(workdir: str, step: int) -> str | None:
     """Appends this process's code version, jax's and the devices to
-    <workdir>/provenance.jsonl as the run (re)starts at `step` (process 0 only)."""
+    <workdir>/provenance.jsonl as the run (re)starts at `step` (process 0 only).
+    Returns what changed since the run's last start (one phrase: the code, jax, the
+    devices), or None."""
     import jax
 
     if jax.process_index() != 0:
-        return
+        return None
     record = {"step": int(step), "time": time.time(), "code": describe(code_version()),
               **code_version(), "jax": jax.__version__, "devices": devices()}  # fmt: skip
+    last = (read_starts(workdir) or [None])[-1]
     with open(os.path.join(workdir, FILE), "a") as f:
         f.write(json.dumps(record) + "\n")
+    return changes(last, record)
+
+
+def changes(last: dict | None, now: dict) -> str | None:
+    """What differs between two start records (code, jax, devices), as one phrase
+    ("code abc1234 -> def5678; devices ... -> ..."), or None."""
+    if not last:
+        return None
+    diffs = [f"{key} {last[key]} -> {now[key]}" for key in ("code", "jax", "devices")
+             if key in last and last[key] != now.get(key)]  # fmt: skip
+    return "; ".join(diffs) or None
 
 
 def cpu_name() -> str:

@@ -84,6 +84,26 @@ def test_resume_ends_with_exactly_the_same_parameters(data_dir, tmp_path, dtype)
         np.testing.assert_array_equal(x, y)
 
 
+def test_a_resume_under_other_code_says_so_in_one_line(data_dir, tmp_path, capsys):
+    config = tiny(data_dir, **{"train.num_steps": 10, "train.ckpt_every_steps": 5})
+    workdir = str(tmp_path)
+    train.train_and_evaluate(config, workdir)
+    capsys.readouterr()
+    with open(os.path.join(workdir, provenance.FILE), "a") as f:  # as if a later commit ran
+        f.write(json.dumps({"step": 5, "code": "abc1234", "jax": jax.__version__,
+                            "devices": provenance.devices()}) + "\n")  # fmt: skip
+    shutil.rmtree(os.path.join(workdir, "checkpoints", "10"))  # resumes at step 5
+    train.train_and_evaluate(config, workdir)
+    here = provenance.describe(provenance.code_version())
+    warnings = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warning:")]
+    assert warnings == [
+        f"warning: step 5 resumes under other code or devices than the run's last start "
+        f"(code abc1234 -> {here}); provenance.jsonl keeps each"
+    ]
+    train.train_and_evaluate(config.copy_and_resolve_references(), workdir)  # done: no start
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_sigterm_saves_and_the_rerun_matches_an_uninterrupted_run(data_dir, tmp_path):
     # A step takes about a millisecond: 2000 steps leave the signal, sent as soon as the
     # first step's line is printed, a second or more to land before the run ends.

@@ -221,7 +221,10 @@ class _Session:
             self.workdir, self.config, keep_old_as=step if self.changes else None
         )
         runfiles.save_tokenizer(self.workdir, data.kind(self.config.data).tokenizer())
-        provenance.record_start(self.workdir, step)
+        moved = provenance.record_start(self.workdir, step)
+        if moved and step:  # a resume whose later steps may not match one made without a move
+            console.warn(f"step {step} resumes under other code or devices than the run's "
+                         f"last start ({moved}); provenance.jsonl keeps each")  # fmt: skip
         if self.changes:
             console.warn(f"config changed at step {step} ({'; '.join(self.changes)}); "
                          f"the previous config is kept in {kept}")  # fmt: skip
