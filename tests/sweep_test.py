@@ -128,7 +128,9 @@ def test_extrapolation_is_reported_per_run_with_seed_noise_verdicts():
     assert "- qk < vo: gap 0.0100, within seed noise" in md  # qk's seeds disagree
 
 
-def test_plots_give_up_to_twenty_rows_distinct_colours_and_one_seed_no_error_bars(monkeypatch):
+def test_plots_give_up_to_twenty_rows_distinct_colours_and_one_seed_no_error_bars(
+    monkeypatch, tmp_path
+):
     for n in (3, 10, 12, 16, 20):
         assert len(set(report_lib.row_colours(n))) == n
     calls = {}
@@ -146,7 +148,7 @@ def test_plots_give_up_to_twenty_rows_distinct_colours_and_one_seed_no_error_bar
         report = {"config": "c", "seeds": seeds, "seq_lens": ["8"], "article_loss": None,
                   "rows": {r: {"overrides": {}, "runs": [run(v + 0.1 * s) for s in seeds]}
                            for r, v in (("a", 1.0), ("b", 2.0))}}  # fmt: skip
-        report_lib.plot(report, "/dev/null")
+        report_lib.plot(report, str(tmp_path / "plot.png"))
         assert (calls["yerr"] is not None) == expect_bars
 
 

@@ -9,6 +9,7 @@ that report dict, so a table can be rebuilt from the json alone:
 from __future__ import annotations
 
 import datetime
+import io
 import json
 import math
 import os
@@ -418,13 +419,24 @@ def write_page(out: str, data: dict, markdown: str) -> None:
 
 
 def save_figure(fig, path: str, dpi: int) -> None:
-    """`fig` as a PNG at `path` through a temporary file renamed over it, then closed."""
+    """`fig` as a PNG at `path` through a temporary file renamed over it (as
+    `write_atomic`: a device such as /dev/null is written in place), then closed."""
     import matplotlib.pyplot as plt
 
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp")
+    from rope_jax.harness.workdir import rename_target  # imports jax: not at the start
+
+    target = rename_target(path)
+    if target is None:  # a device or pipe: the PNG made whole first (it may not seek)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, dpi=dpi, format="png")
+        plt.close(fig)
+        with open(path, "wb") as f:
+            f.write(buffer.getvalue())
+        return
+    tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.tmp")
     try:
         fig.savefig(tmp, dpi=dpi, format="png")
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     finally:
         plt.close(fig)
         if os.path.exists(tmp):

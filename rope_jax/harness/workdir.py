@@ -252,9 +252,25 @@ def _fsync(path: str, flags: int) -> None:
         os.close(fd)
 
 
+def rename_target(path: str) -> str | None:
+    """The file an atomic write of `path` renames its temporary file over: `path`, or
+    the file a symlink there points to (the link stays a link); None where that exists
+    and is not a regular file (/dev/null, a FIFO, /dev/stdout), which must not be
+    replaced by one and is written in place."""
+    real = os.path.realpath(path)
+    return None if os.path.exists(real) and not os.path.isfile(real) else real
+
+
 def write_atomic(path: str, text: str) -> None:
-    """Writes `path` through a temporary file, fsync and rename: never half-written."""
-    directory = os.path.dirname(os.path.abspath(path))
+    """Writes `path` through a temporary file, fsync and rename: never half-written
+    (`rename_target`: a symlink's file, a device or FIFO written in place)."""
+    target = rename_target(path)
+    if target is None:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
+    path = target
+    directory = os.path.dirname(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
     try:
         os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the file from other users
