@@ -419,28 +419,19 @@ def write_page(out: str, data: dict, markdown: str) -> None:
 
 
 def save_figure(fig, path: str, dpi: int) -> None:
-    """`fig` as a PNG at `path` through a temporary file renamed over it (as
-    `write_atomic`: a device such as /dev/null is written in place), then closed."""
+    """`fig` as a PNG at `path`, made whole in memory and written with `write_atomic`
+    (a crash leaves the old file; a device or pipe, which may not seek, is written in
+    place), then closed."""
     import matplotlib.pyplot as plt
 
-    from rope_jax.harness.workdir import rename_target  # imports jax: not at the start
+    from rope_jax.harness.workdir import write_atomic  # imports jax: not at the start
 
-    target = rename_target(path)
-    if target is None:  # a device or pipe: the PNG made whole first (it may not seek)
-        buffer = io.BytesIO()
-        fig.savefig(buffer, dpi=dpi, format="png")
-        plt.close(fig)
-        with open(path, "wb") as f:
-            f.write(buffer.getvalue())
-        return
-    tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.tmp")
+    buffer = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=dpi, format="png")
-        os.replace(tmp, target)
+        fig.savefig(buffer, dpi=dpi, format="png")
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_atomic(path, buffer.getvalue())
 
 
 def write_report(runs: list[Job], context: dict, argv, results: str) -> dict:

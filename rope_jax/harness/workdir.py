@@ -261,24 +261,25 @@ def rename_target(path: str) -> str | None:
     return None if os.path.exists(real) and not os.path.isfile(real) else real
 
 
-def write_atomic(path: str, text: str) -> None:
-    """Writes `path` through a temporary file, fsync and rename: never half-written
-    (`rename_target`: a symlink's file, a device or FIFO written in place)."""
+def write_atomic(path: str, data: str | bytes) -> None:
+    """Writes `data` (text as UTF-8, or bytes) to `path` through a temporary file, fsync
+    and rename: never half-written (`rename_target`: a symlink's file, a device or FIFO
+    written in place)."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
     target = rename_target(path)
     if target is None:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(path, "wb") as f:
+            f.write(raw)
         return
-    path = target
-    directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
+    directory = os.path.dirname(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", dir=directory)
     try:
         os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the file from other users
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
