@@ -20,7 +20,6 @@ order, and NoPE's rank; the sweep's own evaluation comes first for comparison. W
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -81,12 +80,10 @@ def evaluate(runs: list[dict], names: list[str], args, lengths: list[int]) -> No
     from rope_jax.harness import console
     from rope_jax.harness.evaluate import evaluate_checkpoint  # imports jax
 
-    console.quiet_logs()  # as eval.py: no Orbax/absl records between the progress lines
     todo = [(r, n) for r in runs for n in names if not evaluated(eval_file(r, n), lengths)]
     start = time.time()
     for k, (run, name) in enumerate(todo, 1):
-        log = os.path.join(run["workdir"], "eval.log")  # its output and notes: not here
-        with open(log, "a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        with console.into_log(os.path.join(run["workdir"], "eval.log")):
             result = evaluate_checkpoint(run["workdir"], step=run["step"], seq_lens=lengths,
                                          num_batches=args.num_batches, tag=name,
                                          data_name=name, data_dir=args.data_dir)  # fmt: skip

@@ -22,7 +22,6 @@ Training runs in subprocesses and resumes; finished runs are skipped. Writes
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shlex
@@ -142,9 +141,7 @@ def _evaluate(workdir: str, step: int, text_dir: str, text_batches: int) -> None
     from rope_jax.harness import workdir as workdir_lib
     from rope_jax.harness.evaluate import evaluate_checkpoint
 
-    console.quiet_logs()  # as eval.py: no Orbax/absl records between the progress lines
-    log = os.path.join(workdir, "eval.log")  # its output and notes: not here
-    with open(log, "a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+    with console.into_log(os.path.join(workdir, "eval.log")):
         evaluate_checkpoint(workdir, step=step, overwrite=True)
         result = text_loss(workdir, step, text_dir, text_batches)
     workdir_lib.write_atomic(os.path.join(workdir, f"eval_{step}_text.json"), json.dumps(result))

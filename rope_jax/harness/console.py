@@ -5,6 +5,7 @@
   console.note("wrote WD/eval_20.json")       # beside data on stdout: stderr
   console.quiet_logs()                        # absl/Orbax/TFDS INFO logs off
   console.native_stdout_to_stderr()           # native code's prints (gloo's): stderr
+  with console.into_log("WD/eval.log"): ...   # a tool's in-process evaluation: its log
 
 Only process 0 of a multi-process run prints. The entry points call `quiet_logs`
 unless the user asked for logs with `--verbosity` (`-v`); errors are theirs to print
@@ -13,6 +14,7 @@ unless the user asked for logs with `--verbosity` (`-v`); errors are theirs to p
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -104,6 +106,16 @@ def _drop_closed_loop_noise(previous):
 
     hook.drops_closed_loops = True
     return hook
+
+
+@contextlib.contextmanager
+def into_log(path: str):
+    """Inside, what is printed (stdout and stderr: results, notes, warnings) is appended
+    to `path`, and library logs are quiet (`quiet_logs`): for a tool that evaluates in
+    its own process between its progress lines, as eval.py's output goes to its log."""
+    quiet_logs()
+    with open(path, "a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        yield f
 
 
 def quiet_logs() -> None:
