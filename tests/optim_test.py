@@ -44,3 +44,39 @@ def test_clipping_adds_no_gradient_sized_temporary():
         report = setup.dry_run(config)
         temps[clip], params = report["temp_bytes_per_device"], report["parameters"]
     assert temps[1.0] - temps[0.0] < 0.05 * 4 * params, temps  # optax.clip_by_global_norm: 0.17
+
+
+def _train_steps(clip, monkeypatch, steps=3):
+    """Losses and parameters of `steps` train steps of a 2-layer tiny model (float32, B = 4,
+    T = 64, the same random batches) built with `clip` as the global-norm clip."""
+    from rope_jax import sharding
+    from rope_jax.harness import feed
+
+    monkeypatch.setattr(optim, "clip_by_global_norm", clip)
+    config = lm.get_config("size=tiny")
+    config.model.dtype, config.data.global_batch_size, config.data.seq_len = "float32", 4, 64
+    config.optim.warmup_steps = 1  # every step updates, each clipped (norms are above 1)
+    run = setup.build(config)
+    rng, losses = np.random.default_rng(0), []
+    with sharding.use_mesh(run.mesh, run.rules):
+        state = jax.jit(run.init_fn, out_shardings=run.shardings)()
+        for _ in range(steps):
+            tokens = rng.integers(0, 200, size=(4, 65)).astype(np.int32)
+            batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
+                     "weights": np.ones((4, 64), np.float32)}  # fmt: skip
+            state, m = run.train_step(state, feed.put_batch(batch, run.batch_sharding))
+            losses.append(float(m["loss"]))
+        assert float(m["grad_norm"]) > config.optim.grad_clip_norm  # the clip was active
+        return losses, jax.tree.map(np.asarray, state["params"])
+
+
+@pytest.mark.slow  # compiles two train steps
+def test_a_train_step_with_the_clip_follows_optax_to_rounding(monkeypatch):
+    """In a compiled step XLA rounds the two clips' steps differently in the last bits
+    (the docstring); the runs must still agree to rounding: a wrong scale, a clip applied
+    when it should not be or not when it should, would move them far more."""
+    ours = _train_steps(optim.clip_by_global_norm, monkeypatch)
+    ref = _train_steps(optax.clip_by_global_norm, monkeypatch)
+    np.testing.assert_allclose(ours[0], ref[0], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(ours[1]), jax.tree.leaves(ref[1]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
