@@ -39,6 +39,7 @@ from rope_jax import signals
 if __name__ == "__main__":  # first: a Ctrl-C while JAX imports (seconds) waits for main
     signals.hold_signals()
 
+import jax
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -121,6 +122,10 @@ def main(argv):
         os._exit(signals.interrupted(e, whole))  # as `cli.abort`: no teardown under XLA
     except ValueError as e:  # CheckpointError, DataSourceError, WorkdirError, config errors
         cli.fail(e)
+    except jax.errors.JaxRuntimeError as e:
+        if (line := cli.out_of_memory(e)) is None:
+            raise
+        cli.fail(f"{line} (no result file is written)")
 
 
 def _run(progress, rope_scaling):

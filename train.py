@@ -25,6 +25,7 @@ from rope_jax import signals
 if __name__ == "__main__":  # first: a Ctrl-C while JAX imports (seconds) waits for main
     signals.hold_signals()
 
+import jax
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -71,6 +72,10 @@ def main(argv):
                            allow_config_change=FLAGS.allow_config_change)  # fmt: skip
     except (ValueError, NonFiniteLoss) as e:
         cli.fail(e)
+    except jax.errors.JaxRuntimeError as e:
+        if (line := cli.out_of_memory(e)) is None:
+            raise
+        cli.fail(f"{line} (train.py --dry_run gives XLA's figure for a config)")
     except signals.Aborted:  # any other KeyboardInterrupt: `signals.hold_signals`'s one line
         cli.abort("aborted by a second Ctrl-C; the newest checkpoint is kept", 130)
 

@@ -1307,6 +1307,26 @@ def test_settings_that_would_be_ignored_or_misread_are_one_line(tmp_path, cache_
     assert not os.path.exists(never)
 
 
+@pytest.mark.slow  # subprocesses
+def test_a_run_too_big_for_this_machine_is_one_line_not_the_oom_killer(saved, data_dir, tmp_path,
+                                                                        cache_env):  # fmt: skip
+    """An evaluation at a million tokens (its scores alone are terabytes) and a training run
+    at T = 100k stop before allocating, where they used to end in the kernel's OOM killer."""
+    workdir, never = copy_run(saved, tmp_path), str(tmp_path / "never")
+    big = tiny(data_dir, **{"data.seq_len": 100_000})
+    results = run_all([["eval.py", f"--workdir={workdir}", "--seq_lens=1000000"],
+                       ["train.py", *flags(big), f"--workdir={never}"]], cache_env)  # fmt: skip
+    line = one_error_line(*results[0])
+    pattern = (r"error: evaluation at seq_len=1000000 needs at least [\d.]+ GiB of host memory "
+               r"\(state .*, logits .*, scores .*\), more than the [\d.]+ GiB free \(RAM and "
+               r"swap\): use shorter --seq_lens .*")  # fmt: skip
+    assert re.fullmatch(pattern, line), line
+    assert not glob.glob(os.path.join(workdir, "eval_*.json"))
+    line = one_error_line(*results[1])
+    assert line.startswith("error: training needs at least ") and "train.microbatches" in line
+    assert not os.path.exists(never)
+
+
 def test_the_first_build_of_a_shipped_corpus_is_one_line_of_ours(tmp_path, capsys):
     config = data.default_config()
     config.data_dir = str(tmp_path / "tfds")

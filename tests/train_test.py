@@ -233,6 +233,7 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
         ({"data.scheme": "spiral"}, "data.scheme"),
         ({"optim.name": "lion"}, "optim.name"),
         ({"data.global_batch_size": 0}, "data.global_batch_size"),
+        ({"data.seq_len": -3}, r"^data\.seq_len=-3"),  # named as the field the user set
         ({"mesh.shape": (2, 1, 1)}, "mesh.shape"),
         ({"data.name": "no_such_dataset_xyz"}, "no_such_dataset_xyz"),
     ],

@@ -53,15 +53,15 @@ def settle_vocab(config) -> ml_collections.FrozenConfigDict:
 
 def check_config(config: ml_collections.ConfigDict) -> None:
     """Every check that can fail before anything compiles; one ValueError line each."""
-    kind = data.kind(config.data)
-    model.check_config(config.model, kind.num_axes, train_seq_len=config.data.seq_len)
-    data.check_scheme(config.data)
-    kind.check(config.model, config.eval.splits)
     _positive(config, "data.seq_len", "data.global_batch_size", "train.num_steps",
               "train.log_every_steps", "eval.batch_size", "train.ckpt_keep")  # fmt: skip
     _non_negative(config, "train.eval_every_steps", "train.ckpt_every_steps",
                   "eval.num_batches", "optim.warmup_steps", "optim.weight_decay",
                   "optim.grad_clip_norm")  # fmt: skip
+    kind = data.kind(config.data)  # the model's checks read data.seq_len: checked first
+    model.check_config(config.model, kind.num_axes, train_seq_len=config.data.seq_len)
+    data.check_scheme(config.data)
+    kind.check(config.model, config.eval.splits)
     microbatches = config.train.microbatches
     if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
         raise ValueError(f"train.microbatches={microbatches!r} must be a positive integer")

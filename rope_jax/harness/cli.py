@@ -39,6 +39,15 @@ def _say_error(message) -> None:
     console.line(sys.stderr, f"error: {' '.join(str(message).split())}")
 
 
+def out_of_memory(error: Exception) -> str | None:
+    """XLA's RESOURCE_EXHAUSTED (a device, or the host under XLA:CPU, could not allocate)
+    as one line; None for any other error."""
+    text = str(error).strip()
+    if "RESOURCE_EXHAUSTED" not in text:
+        return None
+    return f"out of memory: {text.splitlines()[0]}"
+
+
 def abort(message: str, code: int):
     """`fail` without the interpreter's teardown, for a run stopped mid-computation (a
     second Ctrl-C): XLA's threads may still be running the step it left, and tearing

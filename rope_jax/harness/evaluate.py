@@ -40,6 +40,7 @@ from rope_jax.harness import (
     console,
     distributed,
     feed,
+    hostmem,
     metrics,
     runfiles,
     setup,
@@ -316,6 +317,7 @@ def evaluate_checkpoint(
         distributed.process_0_first(data.ensure_built, config.data)  # no concurrent builds
         runfiles.check_tokenizer(workdir, data.kind(config.data).tokenizer())
         run = setup.build(config)
+        hostmem.check_eval(run, config, [*seq_lens, config.data.seq_len] if splits else seq_lens)
         check_splits(config, [split, *splits])
         known = step
         step, state = _restore(ckpt, run, step, fallback, live is not None)

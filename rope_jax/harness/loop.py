@@ -42,6 +42,7 @@ from rope_jax.harness import (
     distributed,
     evaluate,
     feed,
+    hostmem,
     metrics,
     resume,
     runfiles,
@@ -110,6 +111,7 @@ def _train(config, workdir, stop, fallback, allow_config_change):
     distributed.process_0_first(data.ensure_built, config.data)  # no concurrent builds
     config = checks.settle_vocab(config)  # model.vocab_size from the data's tokenizer
     run = setup.build(config)
+    hostmem.check_train(run, config)  # on CPU: a run that cannot fit is refused, not killed
     runfiles.check_tokenizer(workdir, data.kind(config.data).tokenizer())
     changes = resume.check_resume(workdir, config, allow_change=allow_config_change)
     train_iter = data.make_train_iterator(

@@ -1,0 +1,108 @@
+"""Host memory: what a step needs at least, against what this machine has free.
+
+On the CPU backend every device's arrays live in the host's RAM, and a step that needs
+more than there is ends in the kernel's OOM killer (a bare `Killed`, maybe of another
+process), not in an error. `check_train` and `check_eval` refuse such a run with one line
+before anything is allocated, from a lower bound of what it must hold at once:
+
+  state       parameters and optimiser state, every local device's copy
+  gradients   one per parameter, while training
+  residuals   while training, each block's input [B, T, D] kept for the backward pass
+              (with `model.remat` none or block alike), per microbatch
+  logits      [B, T, vocab] in the compute dtype, the head's output, per microbatch
+  scores      [B, heads, T, T] float32 of one layer, where attention materialises them
+              (`model.attention.impl` xla, or dot_product, which is XLA's on a CPU)
+  batch       inputs, targets (int32) and weights (float32) on the host
+
+Everything else a step holds only adds to it, so a refusal is certain; a run that passes
+can still need more (`train.py --dry_run` gives XLA's figure). Free memory is
+/proc/meminfo's MemAvailable plus free swap; where there is no /proc/meminfo, or on a
+GPU or TPU (which report RESOURCE_EXHAUSTED themselves), nothing is checked.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from rope_jax.harness import setup
+from rope_jax.harness.workdir import format_bytes
+
+MEMINFO = "/proc/meminfo"
+
+
+def available_bytes(path: str = MEMINFO) -> int | None:
+    """MemAvailable + SwapFree in bytes; None where the file or the fields are missing."""
+    try:
+        with open(path) as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return sum(int(fields[k].split()[0]) * 1024 for k in ("MemAvailable", "SwapFree"))
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def train_needs(run, config) -> dict[str, int]:
+    """The lower bound of a train step's host bytes, by part (module docstring)."""
+    devices = jax.local_device_count()
+    rows = config.data.global_batch_size // jax.process_count()
+    micro = rows // config.train.microbatches
+    tokens, item = config.data.seq_len, np.dtype(config.model.dtype).itemsize
+    return {
+        "state": setup.bytes_per_device(run.abstract) * devices,
+        "gradients": setup.bytes_per_device(run.abstract["params"]) * devices,
+        "residuals": config.model.num_layers * micro * tokens * config.model.embed_dim * item,
+        "logits": micro * tokens * config.model.vocab_size * item,
+        "scores": _scores(config, micro, tokens),
+        "batch": rows * tokens * 12,
+    }
+
+
+def eval_needs(run, config, seq_len: int) -> dict[str, int]:
+    """The lower bound of an evaluation's host bytes at context `seq_len`."""
+    rows = config.eval.batch_size // jax.process_count()
+    item = np.dtype(config.model.dtype).itemsize
+    return {
+        "state": setup.bytes_per_device(run.abstract) * jax.local_device_count(),
+        "logits": rows * seq_len * config.model.vocab_size * item,
+        "scores": _scores(config, rows, seq_len),
+        "batch": rows * seq_len * 12,
+    }
+
+
+def _scores(config, rows: int, seq_len: int) -> int:
+    """One layer's float32 attention scores, where the kernel materialises them (CPU)."""
+    if config.model.attention.impl not in ("xla", "dot_product"):
+        return 0
+    return rows * config.model.num_heads * seq_len * seq_len * 4
+
+
+def check_train(run, config, free: int | None = None) -> None:
+    """Refuses a training run (and its periodic evaluation) that cannot fit; one line."""
+    needs = train_needs(run, config)
+    hint = "lower data.global_batch_size or data.seq_len, or raise train.microbatches"
+    if needs["scores"]:
+        hint += ", or set model.attention.impl=chunked (O(T) memory)"
+    _check("training", needs, hint, free)
+    _check(f"evaluation at seq_len={config.data.seq_len}",
+           eval_needs(run, config, config.data.seq_len), "lower eval.batch_size", free)  # fmt: skip
+
+
+def check_eval(run, config, seq_lens, free: int | None = None) -> None:
+    """Refuses an evaluation at the longest of `seq_lens` that cannot fit; one line."""
+    longest = max(seq_lens)
+    _check(f"evaluation at seq_len={longest}", eval_needs(run, config, longest),
+           "use shorter --seq_lens or a smaller eval.batch_size", free)  # fmt: skip
+
+
+def _check(what: str, needs: dict[str, int], hint: str, free: int | None) -> None:
+    if jax.default_backend() != "cpu":
+        return
+    free = available_bytes() if free is None else free
+    total = sum(needs.values())
+    if free is None or total <= free:
+        return
+    parts = ", ".join(f"{name} {format_bytes(n)}" for name, n in needs.items() if n)
+    raise ValueError(
+        f"{what} needs at least {format_bytes(total)} of host memory ({parts}), more than "
+        f"the {format_bytes(free)} free (RAM and swap): {hint}"
+    )

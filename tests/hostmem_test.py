@@ -1,0 +1,79 @@
+"""Host memory: the lower bound a run is refused by, against XLA's own figure."""
+
+import jax
+import pytest
+
+from rope_jax.harness import checks, hostmem, setup
+from tests.train_test import tiny
+
+GIB = 1 << 30
+
+
+def _run(data_dir, **overrides):
+    config = checks.settle_vocab(checks.resolve(tiny(data_dir, **overrides)))
+    return setup.build(config), config
+
+
+def test_free_memory_is_read_from_meminfo(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 100 kB\nMemAvailable:    2048 kB\nSwapFree: 1024 kB\n")
+    assert hostmem.available_bytes(str(meminfo)) == 3072 * 1024
+    meminfo.write_text("MemTotal: 100 kB\n")  # an old kernel's: no MemAvailable
+    assert hostmem.available_bytes(str(meminfo)) is None
+    assert hostmem.available_bytes(str(tmp_path / "none")) is None
+    assert hostmem.available_bytes() > 0  # this machine's
+
+
+def test_the_bound_stays_under_what_xla_allocates(data_dir):
+    """'At least' must hold: the train step's bound (less the host batch) is no more than
+    XLA's state + temporaries for it, the evaluation's no more than its step's."""
+    for impl in ("xla", "chunked"):
+        run, config = _run(data_dir, **{"model.attention.impl": impl, "data.seq_len": 128})
+        needs = hostmem.train_needs(run, config)
+        report = setup.dry_run(config)
+        xla = sum(report[f"{k}_bytes_per_device"] for k in ("params", "opt", "temp"))
+        assert sum(needs.values()) - needs["batch"] <= xla, (impl, needs, report)
+        assert (needs["scores"] > 0) == (impl == "xla")
+        needs = hostmem.eval_needs(run, config, 256)
+        batch = {"inputs": jax.ShapeDtypeStruct((8, 256), "int32"),
+                 "targets": jax.ShapeDtypeStruct((8, 256), "int32"),
+                 "weights": jax.ShapeDtypeStruct((8, 256), "float32")}  # fmt: skip
+        lowered = run.eval_step.lower(run.abstract["params"], batch)
+        analysis = lowered.compile().memory_analysis()
+        assert needs["logits"] + needs["scores"] <= analysis.temp_size_in_bytes, impl
+
+
+def test_microbatches_divide_what_a_step_holds_at_once(data_dir):
+    one = hostmem.train_needs(*_run(data_dir))
+    two = hostmem.train_needs(*_run(data_dir, **{"train.microbatches": 2}))
+    for part in ("residuals", "logits", "scores"):
+        assert two[part] * 2 == one[part] > 0
+    assert two["state"] == one["state"] and two["batch"] == one["batch"]
+
+
+def test_a_run_that_cannot_fit_is_one_line_naming_its_parts(data_dir):
+    run, config = _run(data_dir, **{"data.seq_len": 4096})
+    hostmem.check_train(run, config, free=64 * GIB)  # fits
+    with pytest.raises(ValueError) as info:
+        hostmem.check_train(run, config, free=1 << 20)
+    line = str(info.value)
+    assert "\n" not in line and line.startswith("training needs at least ")
+    assert "scores " in line and "model.attention.impl=chunked" in line
+    with pytest.raises(ValueError, match=r"^evaluation at seq_len=65536 needs at least .* "
+                                         r"--seq_lens"):  # fmt: skip
+        hostmem.check_eval(run, config, [256, 65536], free=4 * GIB)
+
+
+def test_xla_running_out_of_memory_is_one_line():
+    """Past the bound, XLA's own RESOURCE_EXHAUSTED is what train.py and eval.py print, as
+    one line (here a 256 TiB buffer: more than x86-64's 128 TiB of user address space, so
+    refused at once whatever the kernel's overcommit setting)."""
+    import jax.numpy as jnp
+
+    from rope_jax.harness import cli
+
+    with pytest.raises(jax.errors.JaxRuntimeError) as info:
+        jax.jit(lambda x: jnp.zeros((1 << 46,), jnp.float32) + x)(1.0).block_until_ready()
+    line = cli.out_of_memory(info.value)
+    assert line.startswith("out of memory: RESOURCE_EXHAUSTED: ") and "\n" not in line
+    assert cli.out_of_memory(ValueError("model.head_dim=15 is invalid")) is None
