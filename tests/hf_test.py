@@ -406,6 +406,23 @@ def test_export_of_a_run_hf_cannot_express_is_one_line(tmp_path):
     assert code == 1 and "is not a directory" in one_line_error(err)
 
 
+def test_an_export_into_the_run_or_where_nothing_can_be_written_stops_before_restoring(tmp_path):
+    """--out=the workdir would, with --overwrite, replace the run's config.json by HF's;
+    an --out that cannot be written is named before the checkpoint is restored."""
+    from rope_jax.hf import run as hf_run
+
+    workdir = str(tmp_path / "run")
+    os.makedirs(workdir)
+    runfiles.save_config(workdir, lm.get_config())  # no checkpoint: neither restores
+    before = open(os.path.join(workdir, "config.json")).read()
+    with pytest.raises(hf_config.HFError, match=r"is the run's workdir .* e\.g\. --out=.*/hf$"):
+        hf_run.export_run(workdir, workdir + "/.", overwrite=True)
+    assert open(os.path.join(workdir, "config.json")).read() == before
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match=r"^--out=.*/file/x is not writable: Not a directory$"):
+        hf_run.export_run(workdir, str(tmp_path / "file" / "x"))
+
+
 # ------------------------------------------------------------------- train, eval, decode
 
 

@@ -170,8 +170,9 @@ def _write_record(fd: int, record: dict) -> None:
     os.pwrite(fd, data, 0)
 
 
-def check_writable(workdir: str) -> None:
-    """Creates the workdir if needed and writes (then removes) a probe file in it.
+def check_writable(workdir: str, what: str = "workdir") -> None:
+    """Creates the workdir if needed and writes (then removes) a probe file in it; the
+    error names it as `what` (e.g. an export's `--out=DIR`).
 
     Permission bits do not stop root, and a full or read-only filesystem only shows
     when something is written, so this writes rather than asks `os.access`.
@@ -186,14 +187,15 @@ def check_writable(workdir: str) -> None:
             os.close(fd)
             os.unlink(probe)
     except OSError as e:
-        raise WorkdirError(not_writable_message(workdir, e)) from None
+        raise WorkdirError(not_writable_message(workdir, e, what)) from None
 
 
-def not_writable_message(workdir: str, error: OSError) -> str:
+def not_writable_message(workdir: str, error: OSError, what: str = "workdir") -> str:
     reason = error.strerror or str(error)
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         reason += f" ({format_bytes(free_bytes(workdir))} free)"
-    return f"workdir {os.path.abspath(workdir)} is not writable: {reason}"
+    name = f"{what} {os.path.abspath(workdir)}" if what == "workdir" else what
+    return f"{name} is not writable: {reason}"
 
 
 def free_bytes(path: str) -> int:

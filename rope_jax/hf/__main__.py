@@ -68,6 +68,9 @@ def main(argv):
             console.say(run.import_run(FLAGS.hf, FLAGS.workdir, FLAGS.config or default_config()))
     except ValueError as e:  # HFError, CheckpointError, config errors: one line
         cli.fail(e)
+    except OSError as e:  # a write that failed part way (a full disk): config.json comes last
+        cli.fail(f"{argv[1]} failed: {e.strerror or e}: {e.filename or ''} (nothing complete "
+                 "was left there)")  # fmt: skip
 
 
 if __name__ == "__main__":

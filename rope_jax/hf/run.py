@@ -16,6 +16,7 @@ import jax
 
 from rope_jax import data, sharding
 from rope_jax.harness import checkpoint, checks, console, runfiles, setup, transfer
+from rope_jax.harness import workdir as workdir_lib
 from rope_jax.harness.evaluate import restore, without_corpus
 from rope_jax.hf import config as hf_config
 from rope_jax.hf import convert, weights
@@ -65,10 +66,16 @@ def export_run(workdir: str, out: str, *, step: int | None = None, overwrite: bo
     config = runfiles.load_config(workdir)
     num_axes = data.kind(config.data).num_axes
     hf_config.check_exportable(config.model, num_axes=num_axes)  # before anything restores
+    if os.path.realpath(out) == os.path.realpath(workdir):  # --overwrite would replace the run's
+        raise hf_config.HFError(
+            f"--out={out} is the run's workdir (its config.json is the run's): export to "
+            f"another directory, e.g. --out={os.path.join(out, 'hf')}"
+        )
     if os.path.exists(os.path.join(out, hf_config.CONFIG_FILE)) and not overwrite:
         raise hf_config.HFError(
             f"--out={out} holds a model already; pass --overwrite to replace it"
         )
+    workdir_lib.check_writable(out, what=f"--out={out}")  # before anything restores
     run = setup.build(without_corpus(config), vocab_from_data=False)
     step, state = restore(workdir, run, step, fallback=False)
     rope = config.model.rope
