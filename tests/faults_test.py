@@ -456,6 +456,16 @@ def test_a_read_only_workdir_fails_before_anything_compiles(data_dir, saved, tmp
     assert time.time() - start_time < 5
 
 
+def test_a_workdir_that_is_a_file_or_device_is_one_line(data_dir, tmp_path):
+    path = tmp_path / "afile"
+    path.write_text("notes")
+    match = r"^cannot create workdir .*: it exists and is not a directory$"
+    for workdir in (str(path), os.devnull):  # makedirs alone says "File exists"
+        with pytest.raises(workdir_lib.WorkdirError, match=match):
+            train.train_and_evaluate(tiny(data_dir), workdir)
+    assert path.read_text() == "notes"
+
+
 # ------------------------------------------------------------------ one writer only
 
 

@@ -189,10 +189,13 @@ def test_bad_tokenizer_file_is_one_line(tmp_path, name, content, match):
 
 
 def test_bad_tokenizer_specs():
-    for spec, match in [("train:abc", "integer vocab"), ("train:100", "vocab_size >= 260"),
-                        ("", "empty")]:  # fmt: skip
+    for spec, match in [("train:abc", "positive integer vocab"), ("train:-5", "positive integer"),
+                        ("train:100", "vocab_size >= 260"), ("", "empty")]:  # fmt: skip
         with pytest.raises(ValueError, match=match):
             tokenizers.from_spec(spec, texts=["x"])
+        if spec:  # refused from the spec alone, before any text is read
+            with pytest.raises(ValueError, match=match):
+                tokenizers.parse_spec(spec)
     with pytest.raises(ValueError, match="needs texts"):
         tokenizers.from_spec("train:300")
 

@@ -204,6 +204,7 @@ NO_SWEEP = "from configs.lm import get_config  # noqa: F401\n"
         (["--set", "model.head_dim=15"], "head_dim"),
         (["--config=NO_SWEEP"], "defines no sweep(add)"),
         (["--config=configs/lm.py:size=huge"], "size='huge'"),
+        (["--results=NO_SWEEP/table"], "/table is not writable: Not a directory"),  # a file
     ],
 )
 def test_bad_requests_fail_with_one_line_before_running_anything(tmp_path, capsys, extra, match):

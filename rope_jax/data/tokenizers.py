@@ -249,6 +249,16 @@ def _import_hf(path: str):
     return tokenizers
 
 
+def check_bpe_vocab(vocab_size: int) -> None:
+    """A byte-level BPE's vocabulary holds the 3 specials, 256 bytes and one merge."""
+    minimum = 3 + 256 + 1
+    if vocab_size < minimum:
+        raise ValueError(
+            f"train:{vocab_size}: a byte-level BPE needs vocab_size >= {minimum} "
+            "(3 specials + 256 bytes + at least one merge)"
+        )
+
+
 def train_bpe(texts: Iterable[str], vocab_size: int) -> HFTokenizer:
     """A byte-level BPE (GPT-2 alphabet, no normalizer) trained on `texts`.
 
@@ -256,12 +266,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> HFTokenizer:
     `vocab_size` (fewer if the texts run out of pairs). The same texts in the same order
     give the same file (checked across processes and thread counts).
     """
-    minimum = 3 + 256 + 1
-    if vocab_size < minimum:
-        raise ValueError(
-            f"train:{vocab_size}: a byte-level BPE needs vocab_size >= {minimum} "
-            "(3 specials + 256 bytes + at least one merge)"
-        )
+    check_bpe_vocab(vocab_size)
     tokenizers = _import_hf("train:VOCAB")
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -386,7 +391,9 @@ def parse_spec(spec: str) -> tuple[str, int | str | None]:
     if spec.startswith("train:"):
         vocab = spec.split(":", 1)[1]
         if not vocab.isdigit():
-            raise ValueError(f"tokenizer spec {spec!r}: train:VOCAB needs an integer vocab size")
+            raise ValueError(f"tokenizer spec {spec!r}: train:VOCAB needs a positive integer "
+                             "vocab size, e.g. train:8000")  # fmt: skip
+        check_bpe_vocab(int(vocab))  # before any text is read
         return "train", int(vocab)
     if not spec:
         raise ValueError("tokenizer spec is empty: give bytes, train:VOCAB or a file")

@@ -141,6 +141,10 @@ def sweep(runs, context: dict, args, argv) -> None:
     results = args.results or os.path.join(args.workdir, "results")
     if not args.overwrite:
         check_results(results, runs, context)  # before any run: nothing is lost
+    try:  # the table is written after hours of runs: its directory must take it
+        workdir_lib.check_writable(os.path.dirname(results) or ".", what=f"--results={results}")
+    except workdir_lib.WorkdirError as e:
+        raise SweepError(str(e)) from None
     lock = workdir_lib.Lock(args.workdir)  # one sweep (or submission) per workdir
     try:
         lock.acquire()

@@ -65,7 +65,9 @@ class Lock:
         try:
             os.makedirs(self.workdir, exist_ok=True)
         except OSError as e:
-            raise WorkdirError(f"cannot create workdir {self.workdir}: {e.strerror}") from None
+            exists = os.path.exists(self.workdir)  # a file or device: makedirs says EEXIST
+            reason = "it exists and is not a directory" if exists else e.strerror
+            raise WorkdirError(f"cannot create workdir {self.workdir}: {reason}") from None
         while self._fd is None:
             fd = self._open()
             try:
@@ -178,6 +180,8 @@ def check_writable(workdir: str, what: str = "workdir") -> None:
     when something is written, so this writes rather than asks `os.access`.
     """
     try:
+        if os.path.exists(workdir) and not os.path.isdir(workdir):  # makedirs: "File exists"
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), workdir)
         os.makedirs(workdir, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".write_probe_", dir=workdir)
         try:
