@@ -57,7 +57,7 @@ FLAGS = flags.FLAGS
 
 def define_flags():
     flags.DEFINE_string("workdir", None, "Training run directory.")
-    flags.DEFINE_integer("step", None, "Checkpoint step; default the newest.")
+    flags.DEFINE_integer("step", None, "Checkpoint step; default the newest.", lower_bound=0)
     flags.DEFINE_list("seq_lens", [], "Context lengths; default training + eval.seq_lens.")
     flags.DEFINE_string("split", None, "Data split; default config.data.eval_split.")
     flags.DEFINE_string(
@@ -65,7 +65,7 @@ def define_flags():
     )
     flags.DEFINE_string("data_dir", None, "With --data: its data.data_dir (default the run's).")
     flags.DEFINE_list("splits", None, "Extra splits at the training length; default eval.splits.")
-    flags.DEFINE_integer("num_batches", None, "Batches per length; 0 = whole split.")
+    flags.DEFINE_integer("num_batches", None, "Batches per length; 0 = whole split.", lower_bound=0)
     flags.DEFINE_float("progress_s", 10.0, "Seconds between progress lines on stderr "
                        "(0: every batch).", lower_bound=0.0)  # fmt: skip
     flags.DEFINE_bool("fallback", False, "If a checkpoint is damaged, use the newest good.")
@@ -81,12 +81,14 @@ def define_flags():
         "max_position_embeddings",
         None,
         "Replaces model.rope.max_position_embeddings for this evaluation.",
+        lower_bound=1,
     )
     flags.DEFINE_integer(
         "passkey",
         0,
         "Passkey-retrieval examples per length (byte-level text); 0 = none. Adds "
         "passkey_accuracy to each length's entry.",
+        lower_bound=0,
     )
     flags.DEFINE_bool("generate", False, "Print a continuation of --prompt instead.")
     flags.DEFINE_string("prompt", "", "Text to continue with --generate ('' = a new document).")

@@ -1297,6 +1297,7 @@ def test_settings_that_would_be_ignored_or_misread_are_one_line(tmp_path, cache_
         "seq_lens": ["eval.py", f"--workdir={never}", "--seq_lens=abc"],
         "rope_scaling": ["eval.py", f"--workdir={never}", "--rope_scaling={rope_type: yarn}"],
         "progress_s": ["eval.py", f"--workdir={never}", "--progress_s=-1"],
+        "num_batches": ["eval.py", f"--workdir={never}", "--num_batches=-2"],
     }  # fmt: skip
     results = dict(zip(cases, run_all(list(cases.values()), cache_env), strict=True))
     assert one_error_line(*results["sections"]) == (
@@ -1334,7 +1335,17 @@ def test_a_run_too_big_for_this_machine_is_one_line_not_the_oom_killer(saved, da
     assert not glob.glob(os.path.join(workdir, "eval_*.json"))
     line = one_error_line(*results[1])
     assert line.startswith("error: training needs at least ") and "train.microbatches" in line
+    assert results["num_batches"][0] == 2 and one_error_line(*results["num_batches"]) == (
+        "error: flag --num_batches=-2: -2 is not a non-negative integer"
+    )
     assert not os.path.exists(never)
+
+
+def test_a_step_that_is_not_there_is_named_with_the_steps_that_are(saved, tmp_path):
+    workdir = copy_run(saved, tmp_path)
+    match = r"^no checkpoint at step 15 in .* \(steps there: 10, 20\)$"
+    with pytest.raises(checkpoint.CheckpointError, match=match):
+        eval_lib.evaluate_checkpoint(workdir, step=15, num_batches=1)
 
 
 def test_the_first_build_of_a_shipped_corpus_is_one_line_of_ours(tmp_path, capsys):

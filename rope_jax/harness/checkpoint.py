@@ -294,11 +294,17 @@ class Manager:
 
     # --------------------------------------------------------------------- restore
 
+    def check_step(self, step: int) -> None:
+        """CheckpointError naming the steps there are, when `step` is not one of them."""
+        steps = self.steps()
+        if step not in steps:
+            there = f"steps there: {', '.join(map(str, steps))}" if steps else "none there"
+            raise CheckpointError(f"no checkpoint at step {step} in {self.directory} ({there})")
+
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
         """Restores `step` into `abstract_state` (ShapeDtypeStructs with shardings) and
         verifies it: shapes, checksums, finite parameters."""
-        if step not in self.steps():
-            raise CheckpointError(f"no checkpoint at step {step} in {self.directory}")
+        self.check_step(step)
         self.pin(step)  # a reader: rotation leaves the step alone until `close`
         try:
             with _orbax_leftovers_dropped():

@@ -60,8 +60,7 @@ def pin_step(ckpt: checkpoint.Manager, step: int | None, live: bool) -> int:
         if step is None:
             raise checkpoint.CheckpointError(f"no checkpoints in {ckpt.directory}")
         return step
-    if step not in ckpt.steps():
-        raise checkpoint.CheckpointError(f"no checkpoint at step {step} in {ckpt.directory}")
+    ckpt.check_step(step)
     ckpt.pin(step)
     return step
 

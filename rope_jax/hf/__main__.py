@@ -32,7 +32,9 @@ COMMANDS = ("export", "import")
 
 def define_flags():
     flags.DEFINE_string("workdir", None, "The run directory (export: read; import: written).")
-    flags.DEFINE_integer("step", None, "export: the checkpoint step; default the newest.")
+    flags.DEFINE_integer(
+        "step", None, "export: the checkpoint step; default the newest.", lower_bound=0
+    )
     flags.DEFINE_string("out", None, "export: the Hugging Face model directory to write.")
     flags.DEFINE_bool("overwrite", False, "export: replace a model already in --out.")
     flags.DEFINE_string("hf", None, "import: the Hugging Face model directory to read.")
