@@ -77,3 +77,13 @@ def test_xla_running_out_of_memory_is_one_line():
     line = cli.out_of_memory(info.value)
     assert line.startswith("out of memory: RESOURCE_EXHAUSTED: ") and "\n" not in line
     assert cli.out_of_memory(ValueError("model.head_dim=15 is invalid")) is None
+
+
+def test_the_dry_run_says_whether_the_run_fits_this_host(data_dir, capsys):
+    from rope_jax.harness import loop
+
+    report = loop.print_dry_run(tiny(data_dir))
+    line = next(x for x in capsys.readouterr().out.splitlines() if "this host:" in x)
+    assert line.strip().startswith("this host: ") and line.endswith(": fits"), line
+    huge = dict(report, temp_bytes_per_device=1 << 60)  # an exbibyte of temporaries
+    assert hostmem.dry_run_line(huge).endswith(": does not fit")

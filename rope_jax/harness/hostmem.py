@@ -106,3 +106,16 @@ def _check(what: str, needs: dict[str, int], hint: str, free: int | None) -> Non
         f"{what} needs at least {format_bytes(total)} of host memory ({parts}), more than "
         f"the {format_bytes(free)} free (RAM and swap): {hint}"
     )
+
+
+def dry_run_line(report: dict) -> str | None:
+    """On a CPU, `--dry_run`'s line on this host: XLA's parameters + optimiser +
+    temporaries over every local device, against the memory free now; None elsewhere."""
+    free = available_bytes()
+    if jax.default_backend() != "cpu" or free is None:
+        return None
+    per_device = sum(report[f"{k}_bytes_per_device"] for k in ("params", "opt", "temp"))
+    total = per_device * jax.local_device_count()
+    verdict = "fits" if total <= free else "does not fit"
+    return (f"this host: {format_bytes(total)} (XLA's parameters + optimiser + temporaries) "
+            f"of {format_bytes(free)} free (RAM and swap): {verdict}")  # fmt: skip

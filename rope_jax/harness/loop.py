@@ -67,6 +67,8 @@ def print_dry_run(config) -> dict:
           f"mesh: {report['mesh']}")  # fmt: skip
     for key in ("params", "opt", "temp"):
         print(f"  {key:>6} per device: {report[key + '_bytes_per_device'] / gib:9.3f} GiB")
+    if line := hostmem.dry_run_line(report):
+        print(f"  {line}")
     from rope_jax.harness import cost  # not at the top: `python -m rope_jax.harness.cost`
 
     for line in cost.format_plan(config):
