@@ -161,10 +161,7 @@ def main(argv=None) -> None:
             print(f"T={t:>6} {impl:>12}: {r}", flush=True)
             results += [r] if r else []
     text = report(results, args, "python benchmarks/attention_bench.py " + " ".join(argv))
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    bench_child.publish(text, args.out)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,16 @@ def run_child(args: list[str], *, script: str, timeout: float = 1800) -> dict | 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def publish(text: str, out: str = "") -> None:
+    """Prints a benchmark's page and, with `out`, writes it there whole or not at all
+    (`workdir.write_atomic`, imported here: the parent runs its children first)."""
+    print(text)
+    if out:
+        from rope_jax.harness.workdir import write_atomic
+
+        write_atomic(out, text)
+
+
 def torch_available() -> bool:
     """Whether the peer's packages (torch, transformers) can be imported."""
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))

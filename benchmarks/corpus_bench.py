@@ -169,10 +169,7 @@ def main(argv=None) -> int:
         rows.append({**info, **result})
         print(json.dumps(rows[-1]), flush=True)
     text = render(rows, args, argv)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    bench_child.publish(text, args.out)
     if args.clean:
         shutil.rmtree(args.work, ignore_errors=True)
     return 0

@@ -26,6 +26,9 @@ import time
 from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bench_child  # noqa: E402
 
 from rope_jax.data import archives, readers, splits, tokenizers  # noqa: E402
 
@@ -139,10 +142,7 @@ def main(argv=None) -> int:
             f"the bytes per token of a {args.sample_permille}-per-1000 sample of its "
             "documents, encoded with the dataset's tokenizer.")  # fmt: skip
     page = render(table, estimate(table), exact, head)
-    print(page)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(page)
+    bench_child.publish(page, args.out)
     return 0
 
 

@@ -215,10 +215,7 @@ def main(argv=None) -> int:
     peer = bench_child.run_child(["--only=torch", *common], script=__file__)
     command = "python benchmarks/matmul_bench.py " + " ".join(argv or sys.argv[1:])
     text = report(args.size, ours, peer, command.strip())
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    bench_child.publish(text, args.out)
     return 0
 
 

@@ -31,6 +31,7 @@ for _path in (_ROOT, os.path.join(_ROOT, "benchmarks")):  # configs, bench_*
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+import bench_child  # noqa: E402
 from bench_shapes import shape  # noqa: E402
 
 from rope_jax import provenance  # noqa: E402
@@ -157,10 +158,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rows = measure(args.size, args.repeats)
     text = report(args.size, rows, ceiling(), "python " + " ".join(sys.argv))
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    bench_child.publish(text, args.out)
     return 0
 
 

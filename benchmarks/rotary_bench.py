@@ -13,6 +13,7 @@ markdown table. Absolute times are noisy on shared machines: read the ratios.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import sys
@@ -23,6 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from rope_jax import rotary
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_child
+import bench_child  # noqa: E402
 
 
 def textbook_rotate(x, positions, cos_table, sin_table):
@@ -115,10 +119,7 @@ def main(argv=None):
             "",
         ]
     )
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    bench_child.publish(text, args.out)
     return 0
 
 

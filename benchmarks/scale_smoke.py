@@ -39,6 +39,8 @@ for _path in (_ROOT, os.path.join(_ROOT, "benchmarks")):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+import bench_child  # noqa: E402
+
 from rope_jax.provenance import cpu_name  # noqa: E402
 
 GIB = 2**30
@@ -248,10 +250,7 @@ def main(argv=None) -> None:
     m = measure(args) if args.only == "all" else None
     pl = plan(args) if args.only == "plan" else None
     page = render(args, m, pl)
-    print(page)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(page)
+    bench_child.publish(page, args.out)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ for _path in (_ROOT, os.path.join(_ROOT, "benchmarks")):  # configs, bench_shape
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+import bench_child  # noqa: E402
 import bench_shapes  # noqa: E402
 
 
@@ -207,10 +208,7 @@ def main(argv=None) -> int:
     step_s, rows, _ = profile(config, steps=args.steps)
     command = "python benchmarks/step_profile.py " + " ".join(argv or sys.argv[1:])
     text = report(args.size, sets, step_s, rows, args.top, command.strip())
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    bench_child.publish(text, args.out)
     return 0
 
 
