@@ -2,8 +2,10 @@
 
 import jax
 import pytest
+from flax import nnx
 
 from rope_jax.harness import checks, hostmem, setup
+from rope_jax.nn import model
 from tests.train_test import tiny
 
 GIB = 1 << 30
@@ -87,3 +89,15 @@ def test_the_dry_run_says_whether_the_run_fits_this_host(data_dir, capsys):
     assert line.strip().startswith("this host: ") and line.endswith(": fits"), line
     huge = dict(report, temp_bytes_per_device=1 << 60)  # an exbibyte of temporaries
     assert hostmem.dry_run_line(huge).endswith(": does not fit")
+
+
+def test_a_continuation_whose_cache_cannot_fit_is_one_line(data_dir):
+    run, config = _run(data_dir)
+    needs = hostmem.generate_needs(run, config, 3, 10**8)
+    net = model.Decoder(config.model, rngs=nnx.Rngs(0))
+    cache = jax.eval_shape(lambda: net.init_cache(1, 3 + 10**8))  # what decoding allocates
+    assert needs["cache"] <= sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache))
+    hostmem.check_generate(run, config, 3, 200, free=GIB)
+    with pytest.raises(ValueError, match=r"^generating 100000000 tokens needs at least .*"
+                                         r"cache .*: ask for fewer --max_new_tokens$"):  # fmt: skip
+        hostmem.check_generate(run, config, 3, 10**8, free=GIB)

@@ -475,9 +475,11 @@ def generate_text(
             f"{config.model.vocab_size}"
         )
     run = setup.build(without_corpus(config), vocab_from_data=False)
+    ids = tok.encode(prompt) if prompt else [tok.eos_id]  # EOS ends a document
+    if isinstance(max_new_tokens, int) and max_new_tokens > 0:  # else generate's own line
+        hostmem.check_generate(run, config, len(ids), max_new_tokens)
     step, state = restore(workdir, run, step, fallback)
     net = nnx.merge(run.graphdef, state["params"])
-    ids = tok.encode(prompt) if prompt else [tok.eos_id]  # EOS ends a document
     new = generate.generate(
         net, np.asarray(ids, np.int32)[None], max_new_tokens=max_new_tokens,
         temperature=temperature, seed=seed,

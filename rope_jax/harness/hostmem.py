@@ -13,6 +13,7 @@ before anything is allocated, from a lower bound of what it must hold at once:
   scores      [B, heads, T, T] float32 of one layer, where attention materialises them
               (`model.attention.impl` xla, or dot_product, which is XLA's on a CPU)
   batch       inputs, targets (int32) and weights (float32) on the host
+  cache       when decoding, every layer's keys and values of prompt + new tokens
 
 Everything else a step holds only adds to it, so a refusal is certain; a run that passes
 can still need more (`train.py --dry_run` gives XLA's figure). Free memory is
@@ -69,6 +70,17 @@ def eval_needs(run, config, seq_len: int) -> dict[str, int]:
     }
 
 
+def generate_needs(run, config, prompt_len: int, max_new_tokens: int) -> dict[str, int]:
+    """The lower bound of decoding one prompt: the state and the cache of every token."""
+    from rope_jax.nn import model  # the cache's owner
+
+    length = prompt_len + max_new_tokens
+    return {
+        "state": setup.bytes_per_device(run.abstract) * jax.local_device_count(),
+        "cache": model.kv_cache_bytes_per_token(config.model) * length,  # init_cache's
+    }
+
+
 def _scores(config, rows: int, seq_len: int) -> int:
     """One layer's float32 attention scores, where the kernel materialises them (CPU)."""
     if config.model.attention.impl not in ("xla", "dot_product"):
@@ -92,6 +104,14 @@ def check_eval(run, config, seq_lens, free: int | None = None) -> None:
     longest = max(seq_lens)
     _check(f"evaluation at seq_len={longest}", eval_needs(run, config, longest),
            "use shorter --seq_lens or a smaller eval.batch_size", free)  # fmt: skip
+
+
+def check_generate(run, config, prompt_len: int, max_new_tokens: int,
+                   free: int | None = None) -> None:  # fmt: skip
+    """Refuses a continuation whose decoding cache cannot fit; one line."""
+    _check(f"generating {max_new_tokens} tokens",
+           generate_needs(run, config, prompt_len, max_new_tokens),
+           "ask for fewer --max_new_tokens", free)  # fmt: skip
 
 
 def _check(what: str, needs: dict[str, int], hint: str, free: int | None) -> None:
