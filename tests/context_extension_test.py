@@ -67,6 +67,15 @@ def test_bad_requests_fail_before_anything_runs(tmp_path, extra, message):
     assert not os.listdir(tmp_path)
 
 
+def test_an_out_that_cannot_be_written_stops_before_anything_runs(tmp_path, capsys):
+    workdir = tmp_path / "w"
+    assert ce.main([f"--workdir={workdir}", f"--set={TINY}", "--out=/dev/null/page"]) == 2
+    assert capsys.readouterr().err == (
+        "error: --out=/dev/null/page is not writable: Not a directory\n"
+    )
+    assert not workdir.exists()
+
+
 def _result(losses: dict, keys: dict | None = None) -> dict:
     """A result of qk under two rules at T = 10 (one seed), for the verdicts."""
     cells = []

@@ -59,7 +59,7 @@ def test_growth_from_t_to_the_longest_length_and_a_label_that_names_size_and_cor
     assert rung["growth"] == {"a": (0.5, 0.0), "nope": (1.0, 0.0)}
     assert "| a | +0.500 ± 0.000 |" in ladder.render([rung], "cmd")
     report["seq_lens"] = ["8"]  # evaluated at T alone: nothing to grow, no table
-    assert ladder.rung(report, ["a"])["growth"] == {}
+    assert ladder.rung(report, ["a", "nope"])["growth"] == {}
     report["settings"].update({"data.global_batch_size": 4, "data.name": "linux8k"})
     assert ladder.label(report) == "L2 D16 T8 320 tok linux8k"
     for run in report["rows"]["a"]["runs"] + report["rows"]["nope"]["runs"]:
@@ -87,3 +87,32 @@ def test_command_line_writes_table_plot_and_json(tmp_path):
     assert len(json.loads((tmp_path / "ladder.json").read_text())["rungs"]) == 2
     with pytest.raises(SystemExit, match="no file"):
         ladder.main([f"--sweeps={tmp_path}/none.json", f"--out={out}"])
+
+
+def test_what_a_ladder_cannot_use_is_one_line_before_anything_is_written(tmp_path):
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps(sweep({"a": [1.0], "zz": [2.0]})))  # one of the rows compared
+    bad, other = tmp_path / "bad.json", tmp_path / "other.json"
+    bad.write_text("not json")
+    other.write_text('{"a": 1}')
+    (tmp_path / "file").write_text("")
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(sweep({r: [v] for r, v in REFERENCE.items()})))
+    out = f"--out={tmp_path / 'l'}"
+    for argv, match in [
+        ([f"--sweeps={one}", out], rf"^error: --sweeps: {one} holds 1 of the rows compared"),
+        ([f"--sweeps={bad}", out], r"is not a sweep's results JSON \(Expecting value"),
+        ([f"--sweeps={other}", out], r"is not a sweep's results JSON \(no rows, seq_lens\)$"),
+        (["--sweeps=,", out], r"give one or more"),
+        ([f"--sweeps={good}", f"--out={tmp_path / 'file' / 'l'}"], r"is not writable: Not a dir"),
+    ]:  # fmt: skip
+        with pytest.raises(SystemExit, match=match):
+            ladder.main(["--rows=a,b,c,nope", *argv])
+    assert not (tmp_path / "l.md").exists()
+
+
+def test_a_rung_without_nope_or_article_losses_shows_dashes():
+    report = dict(sweep({"a": [1.0], "b": [2.0]}), article_loss={})
+    rung = ladder.rung(report, ["a", "b"])
+    assert rung["tau"] is None and rung["nope_rank"] is None
+    assert "| 1 | — | — (one seed) | — | — |" in ladder.render([rung], "cmd")

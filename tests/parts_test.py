@@ -75,6 +75,9 @@ def test_what_would_stop_it_is_one_line_before_anything_runs(sweep, tmp_path):
         parts.main([f"--sweep={path}", "--data=code", "--seq_lens=8,x", out])
     with pytest.raises(SystemExit, match="no file"):
         parts.main([f"--sweep={tmp_path / 'none.json'}", "--data=code", out])
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit, match=r"--out=.*/file/parts is not writable"):
+        parts.main([f"--sweep={path}", "--data=code", f"--out={tmp_path / 'file' / 'parts'}"])
     assert not (tmp_path / "parts.md").exists()
 
 

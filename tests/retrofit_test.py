@@ -52,4 +52,4 @@ def test_a_missing_sweep_is_one_line(tmp_path):
                            f"--scratch={tmp_path / 'none.json'}", "--retrofit=x", "--out=y"],
                           capture_output=True, text=True)  # fmt: skip
     assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1
-    assert "does not exist" in proc.stderr
+    assert "error: --scratch: no file " in proc.stderr

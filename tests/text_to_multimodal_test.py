@@ -18,6 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     (["--target=1.5"], "error: --target=1.5 must lie in (0, 1]"),
     (["--steps=0"], "error: --steps=0 must be >= 1"),
     (["--set", "model.num_layers=x"], "error: "),
+    (["--out=/dev/null/page"], "error: --out=/dev/null/page is not writable: Not a directory"),
 ])  # fmt: skip
 def test_a_bad_request_is_one_line_before_anything_runs(tmp_path, capsys, extra, match):
     assert ttm.main([f"--workdir={tmp_path / 'w'}", *extra]) == 2

@@ -467,6 +467,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     command = shlex.join(["python", "-m", "rope_jax.experiments.context_extension", *argv])
     try:
+        if args.out:
+            report.check_out(args.out)  # before hours of runs
         cases, meta = make_plan(args)
         print(f"{len(cases)} cells ({len(meta['rows'])} rows x rules x {args.seeds} seed(s), "
               f"as trained and fine-tuned); lengths {meta['lengths']}", flush=True)  # fmt: skip

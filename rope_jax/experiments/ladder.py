@@ -17,8 +17,6 @@ from T to 4T. Writes
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
 import sys
 
@@ -26,7 +24,9 @@ import numpy as np
 
 from rope_jax import signals
 from rope_jax.experiments.report import (
+    check_out,
     kendall,
+    load_results,
     mean_std,
     plus_minus,
     ranks,
@@ -84,6 +84,9 @@ def bootstrap_tau(losses: dict, reference: dict, *, draws: int = 2000, seed: int
 def rung(report: dict, rows) -> dict:
     """One rung's numbers: tau with its interval, ranks, NoPE's rank, mean ± std per length."""
     rows = [r for r in rows if r in report["rows"]]
+    if len(rows) < 2:  # one row has no order, no tau
+        raise ValueError(f"holds {len(rows)} of the rows compared (--rows): a rung orders "
+                         "two or more")  # fmt: skip
     t = report["seq_lens"][0]
     reference = {r: v for r, v in (report.get("article_loss") or {}).items() if r in rows}
     at_t = seed_losses(report, rows, t)
@@ -110,6 +113,17 @@ def rung(report: dict, rows) -> dict:
             "growth": growth}  # fmt: skip
 
 
+def _rung(path: str, rows) -> dict:
+    """`rung` of the sweep at `path`; its problems name the file."""
+    try:
+        return rung(load_results(path, "--sweeps"), rows)
+    except ValueError as e:
+        message = str(e)
+        raise ValueError(
+            message if message.startswith("--") else f"--sweeps: {path} {message}"
+        ) from None
+
+
 def render(rungs: list[dict], command: str) -> str:
     """The ladder's page: one line per rung, then ranks and losses per row per rung."""
     rows = rungs[0]["rows"]
@@ -123,9 +137,10 @@ def render(rungs: list[dict], command: str) -> str:
         ci = "—" if lo is None else f"[{lo:.2f}, {hi:.2f}]"
         ci += " (one seed)" if g["fewest_seeds"] == 1 else ""
         p = "—" if g["tau_p"] is None else f"{g['tau_p']:.3f}"
-        nope = f"{g['nope_rank']} of {len(g['rows'])}"
+        nope = "—" if g["nope_rank"] is None else f"{g['nope_rank']} of {len(g['rows'])}"
+        tau = "—" if g["tau"] is None else f"{g['tau']:.3f}"  # no article losses to order
         out.append(f"| {g['label']} | {g.get('device') or '—'} | {g['seeds']} | "
-                   f"{g['tau']:.3f} | {ci} | {p} | {nope} |")  # fmt: skip
+                   f"{tau} | {ci} | {p} | {nope} |")  # fmt: skip
     ref = rungs[0]["reference_ranks"]
     out += ["", "Rank of each row at T per rung (reference rank in brackets):", "",
             "| row | " + " | ".join(g["label"] for g in rungs) + " |",
@@ -201,11 +216,14 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True, help="output prefix: <out>.md, .png, .json")
     args = p.parse_args(argv)
     paths = [s for s in args.sweeps.split(",") if s]
-    missing = [s for s in paths if not os.path.isfile(s)]
-    if missing:
-        sys.exit(f"error: --sweeps: no file {', '.join(missing)}")
     rows = [r for r in args.rows.split(",") if r]
-    rungs = [rung(json.load(open(s)), rows) for s in paths]
+    try:
+        if not paths:
+            raise ValueError("--sweeps: give one or more sweep <results>.json files")
+        check_out(args.out)
+        rungs = [_rung(s, rows) for s in paths]
+    except ValueError as e:
+        sys.exit(f"error: {e}")
     command = "python -m rope_jax.experiments.ladder " + " ".join(argv)
     write_page(args.out, {"command": command, "rungs": rungs}, render(rungs, command))
     plot(rungs, args.out + ".png")

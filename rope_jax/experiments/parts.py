@@ -27,8 +27,10 @@ import time
 
 from rope_jax import signals
 from rope_jax.experiments.report import (
+    check_out,
     evaluated,
     kendall,
+    load_results,
     mean_std,
     plus_minus,
     ranks,
@@ -152,10 +154,11 @@ def main(argv=None) -> None:
     signals.release_signals()  # one that came while the modules imported: stops it here
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    if not os.path.isfile(args.sweep):
-        sys.exit(f"error: --sweep: no file {args.sweep}")
-    with open(args.sweep) as f:
-        report = json.load(f)
+    try:
+        report = load_results(args.sweep, "--sweep")
+        check_out(args.out)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
     names = [n for n in args.data.split(",") if n]
     t = int(report["seq_lens"][0])
     try:

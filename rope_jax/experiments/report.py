@@ -408,6 +408,29 @@ def _tokenizer_name(workdir: str) -> str:
         return json.load(f)["name"]
 
 
+def check_out(out: str, flag: str = "--out") -> None:
+    """One line (a WorkdirError, which is a ValueError) when the directory of the page
+    `out` cannot be made or written: checked before the work whose page it is."""
+    from rope_jax.harness.workdir import check_writable  # imports jax: not at the start
+
+    check_writable(os.path.dirname(os.path.abspath(out)), what=f"{flag}={out}")
+
+
+def load_results(path: str, flag: str) -> dict:
+    """A sweep's <results>.json; a ValueError naming `flag` when there is no such file or
+    it is not one."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{flag}: no file {path}")
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{flag}: {path} is not a sweep's results JSON ({e})") from None
+    if not isinstance(data, dict) or not {"rows", "seq_lens"} <= data.keys():
+        raise ValueError(f"{flag}: {path} is not a sweep's results JSON (no rows, seq_lens)")
+    return data
+
+
 def write_page(out: str, data: dict, markdown: str) -> None:
     """<out>.json and <out>.md of a results page, each whole or not at all (a crash
     mid-write leaves the old file), the directory made first."""

@@ -25,20 +25,19 @@ Writes <out>.md, <out>.png and <out>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import sys
 
 import numpy as np
 
 from rope_jax import signals
-from rope_jax.experiments.report import mean_std, save_figure, write_page
-
-
-def _load(path: str) -> dict:
-    with open(path) as f:
-        return json.load(f)
+from rope_jax.experiments.report import (
+    check_out,
+    load_results,
+    mean_std,
+    save_figure,
+    write_page,
+)
 
 
 def _final(report: dict, row: str) -> list[float]:
@@ -157,10 +156,13 @@ def main(argv=None) -> None:
     p.add_argument("--retrofit", required=True, help="the continued sweep's results .json")
     p.add_argument("--out", required=True, help="output prefix: <out>.md, .png, .json")
     args = p.parse_args(argv)
-    for path in (args.scratch, args.retrofit):
-        if not os.path.isfile(path):
-            sys.exit(f"retrofit: {path} does not exist (run the sweeps in this module's doc first)")
-    result = analyse(_load(args.scratch), _load(args.retrofit))
+    try:
+        scratch, retrofit = (load_results(path, flag) for path, flag in (
+            (args.scratch, "--scratch"), (args.retrofit, "--retrofit")))  # fmt: skip
+        check_out(args.out)
+    except ValueError as e:
+        sys.exit(f"error: {e} (the sweeps are in this module's doc)")
+    result = analyse(scratch, retrofit)
     if not result["rows"]:
         sys.exit("retrofit: the two sweeps share no row")
     command = "python -m rope_jax.experiments.retrofit " + " ".join(argv or sys.argv[1:])

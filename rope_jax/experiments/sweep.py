@@ -33,7 +33,7 @@ from rope_jax import signals
 from rope_jax.experiments import slurm
 from rope_jax.experiments.launch import run_all
 from rope_jax.experiments.plan import SweepError, format_command, plan, status
-from rope_jax.experiments.report import write_report
+from rope_jax.experiments.report import check_out, write_report
 from rope_jax.harness import workdir as workdir_lib
 
 
@@ -142,7 +142,7 @@ def sweep(runs, context: dict, args, argv) -> None:
     if not args.overwrite:
         check_results(results, runs, context)  # before any run: nothing is lost
     try:  # the table is written after hours of runs: its directory must take it
-        workdir_lib.check_writable(os.path.dirname(results) or ".", what=f"--results={results}")
+        check_out(results, "--results")
     except workdir_lib.WorkdirError as e:
         raise SweepError(str(e)) from None
     lock = workdir_lib.Lock(args.workdir)  # one sweep (or submission) per workdir

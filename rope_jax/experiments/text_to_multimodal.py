@@ -336,6 +336,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     command = shlex.join(["python", "-m", "rope_jax.experiments.text_to_multimodal", *argv])
     try:
+        if args.out:
+            report.check_out(args.out)  # before hours of runs
         todo = make_plan(args)
         run_all(todo, args)
         result = collect(todo, args)
