@@ -354,6 +354,16 @@ def test_corrupt_or_truncated_shard_fails_on_open(prepared, tmp_path):
         shards.open_split(str(path), "train", verify="size")
 
 
+def test_a_data_dir_or_tokenizer_that_cannot_be_used_is_one_line_and_makes_nothing(tmp_path):
+    (tmp_path / "t.txt").write_text("hello")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match=r"^--data_dir=.*/file: cannot create .*/file/x: Not a"):
+        _prepare(str(tmp_path / "t.txt"), "bytes", tmp_path / "file", "x")
+    with pytest.raises(ValueError, match=r"^tokenizer file .*/none\.model does not exist$"):
+        _prepare(str(tmp_path / "t.txt"), str(tmp_path / "none.model"), tmp_path / "out", "x")
+    assert not (tmp_path / "out").exists()  # refused before the output directory is made
+
+
 def test_bad_sources_are_one_line(tmp_path):
     def fails(source, match, **kw):
         with pytest.raises(ValueError, match=match) as e:

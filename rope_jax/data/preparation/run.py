@@ -54,6 +54,12 @@ def prepare(
     out = os.path.join(os.path.expanduser(data_dir), name)
     space = Space(out, settings, dict.fromkeys(SPLITS, 0))
     try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        if not out_of_space(e):
+            raise PrepareError(f"--data_dir={data_dir}: cannot create {out}: "
+                               f"{e.strerror or e}") from None  # fmt: skip
+    try:
         return _prepare(settings, out, space, say, workers, command, progress)
     except (OSError, RuntimeError) as e:
         if not out_of_space(e):
@@ -134,7 +140,9 @@ def _check_settings(settings: Settings, name: str, workers: int) -> None:
         raise PrepareError("--byte_counts must be auto, exact or proportional")
     if not 0 < settings.held_out_percent <= 50:
         raise PrepareError(f"--held_out_percent={settings.held_out_percent:g} must be in (0, 50]")
-    tokenizers.parse_spec(settings.tokenizer)
+    kind, value = tokenizers.parse_spec(settings.tokenizer)
+    if kind == "path" and not os.path.exists(value):  # before the output directory is made
+        raise PrepareError(f"tokenizer file {value} does not exist")
 
 
 def _chunks(settings: Settings, plan: SplitPlan, skip: dict) -> Iterator[list[tuple]]:
