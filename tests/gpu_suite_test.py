@@ -175,12 +175,19 @@ def test_kernel_items_put_the_common_cases_first():
     assert len(loss) == 17 and len(set(keys)) == len(keys)  # 16 site subsets + tied
 
 
-def test_bad_stage_is_one_line():
-    proc = _suite("--out", "/tmp/unused", "--stage=kernel")
-    assert proc.returncode != 0
-    assert proc.stderr.strip().splitlines() == [
-        "gpu_suite: --stage='kernel': stages are all or check, kernels, step1b, rung, peer"
-    ]
+def test_bad_stage_budget_or_out_is_one_line(tmp_path):
+    """A device's minutes are few: what would waste them is refused before anything runs."""
+    (tmp_path / "file").write_text("")
+    for args, line in [
+        (["--stage=kernel"],
+         "gpu_suite: --stage='kernel': stages are all or check, kernels, step1b, rung, peer"),
+        (["--budget_s=0"], "gpu_suite: --budget_s=0 must be > 0"),
+        ([f"--out={tmp_path}/file/out"], f"gpu_suite: --out={tmp_path}/file/out: Not a directory"),
+    ]:  # fmt: skip
+        proc = _suite("--out", str(tmp_path / "unused"), *args)
+        assert proc.returncode != 0
+        assert proc.stderr.strip().splitlines() == [line]
+    assert not (tmp_path / "unused").exists()
 
 
 @pytest.mark.slow
