@@ -1315,6 +1315,9 @@ def test_settings_that_would_be_ignored_or_misread_are_one_line(tmp_path, cache_
     assert results["progress_s"][0] == 2 and one_error_line(*results["progress_s"]) == (
         "error: flag --progress_s=-1: -1.0 is not a non-negative number"
     )
+    assert results["num_batches"][0] == 2 and one_error_line(*results["num_batches"]) == (
+        "error: flag --num_batches=-2: -2 is not a non-negative integer"
+    )
     assert not os.path.exists(never)
 
 
@@ -1335,9 +1338,6 @@ def test_a_run_too_big_for_this_machine_is_one_line_not_the_oom_killer(saved, da
     assert not glob.glob(os.path.join(workdir, "eval_*.json"))
     line = one_error_line(*results[1])
     assert line.startswith("error: training needs at least ") and "train.microbatches" in line
-    assert results["num_batches"][0] == 2 and one_error_line(*results["num_batches"]) == (
-        "error: flag --num_batches=-2: -2 is not a non-negative integer"
-    )
     assert not os.path.exists(never)
 
 
