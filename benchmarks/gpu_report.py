@@ -15,7 +15,9 @@ def _check(r: dict) -> list[str]:
     return [
         f"Device: {r.get('devices')} x {r.get('device')} ({r.get('backend')}); "
         f"nvidia-smi: {r.get('nvidia_smi') or '—'}; cuDNN {r.get('cudnn') or '—'}.",
-        "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + ".",
+        "Versions: "
+        + ", ".join(f"{k} {val}" for k, val in v.items() if val)
+        + f"; code {r.get('code') or 'not recorded'}.",
         f"Dense matmul ceiling ({c.get('n')}^3, jitted, median of 5): bf16 inputs with "
         f"float32 accumulation {_f(c.get('bf16_gflops'))} GFLOP/s, float32 "
         f"{_f(c.get('f32_gflops'))} GFLOP/s.",
@@ -188,7 +190,7 @@ def rung_as_sweep(rung: dict) -> dict | None:
                        "bits_per_byte": {t: m["bits_per_byte"]}}]  # fmt: skip
     return {"title": "VO-RoPE site ablation, GPU rung (benchmarks/gpu_suite.py)",
             "settings": settings, "article_loss": lm.ARTICLE_LOSS, "seeds": [0],
-            "seq_lens": lens, "device": rung.get("device"),
+            "seq_lens": lens, "device": rung.get("device"), "code": [rung.get("code")],
             "command": "python -m benchmarks.gpu_suite --stage=rung",
             "rows": {r: {"runs": runs(m)} for r, m in rung["rows"].items()}}  # fmt: skip
 

@@ -70,10 +70,15 @@ def _log(*parts) -> None:
 
 
 def _jax_facts() -> dict:
+    """The backend and devices, and the code (the commit of a tree that travelled without
+    .git comes from its stamp: `python -m rope_jax.provenance --stamp` before the call)."""
     import jax
 
+    from rope_jax import provenance
+
     kind = jax.devices()[0].device_kind
-    return {"backend": jax.default_backend(), "device": kind, "devices": jax.device_count()}
+    return {"backend": jax.default_backend(), "device": kind, "devices": jax.device_count(),
+            "code": provenance.describe(provenance.code_version())}  # fmt: skip
 
 
 # ------------------------------------------------------------------ check

@@ -167,10 +167,11 @@ def main(argv=None) -> None:
     todo = stages(args.stage)
     if not args.budget_s > 0:
         raise SystemExit(f"gpu_suite: --budget_s={args.budget_s:g} must be > 0")
-    try:  # the stage files go there as each finishes: it must take them
-        os.makedirs(args.out, exist_ok=True)
-    except OSError as e:
-        raise SystemExit(f"gpu_suite: --out={args.out}: {e.strerror or e}") from None
+    existing = args.out  # the stage files go there as each finishes: it must take them
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):  # made only once the stages start
+        raise SystemExit(f"gpu_suite: --out={args.out}: Not a directory ({existing})")
     if args.resume_from:
         resume_from(args.resume_from, args.out)
     rung = load(args.out, "rung")

@@ -15,19 +15,27 @@ CPU: bfloat16 matmuls take other kernels on other CPUs (AMX on recent Xeons, AVX
 on EPYCs), so the same command and seed are bit-identical on one machine but need not
 be across machines. Evaluation files and a sweep's results carry the same
 description. Outside a git checkout (an installed package, a copied tree) the commit is
-None and the package's version stands in.
+None and the package's version stands in, unless the tree was stamped before it was
+copied: `python -m rope_jax.provenance --stamp` writes CODE_VERSION.json beside the
+package (the commit, and a digest of every tracked Python file), and a tree without git
+that holds it reports that commit, "(stamped)", with "+ uncommitted changes" when its
+Python files no longer match the digest.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
+import hashlib
 import json
 import os
 import platform
 import subprocess
+import sys
 import time
 
 FILE = "provenance.jsonl"
+STAMP = "CODE_VERSION.json"  # a copied tree's commit (`stamp`), beside the package
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # holds rope_jax/
 
 
@@ -46,7 +54,13 @@ def code_version() -> dict:
     """{"commit": the checkout's HEAD or None, "changed": whether a tracked Python file
     differs from it (None without a commit), "rope_jax": the package version}. Only a
     checkout whose top level holds this package counts (not a repository the package
-    was installed inside). Results and other data files do not make it "changed"."""
+    was installed inside). Results and other data files do not make it "changed". A tree
+    without git that holds a stamp (`stamp`) gives its commit, with "stamped": True.
+    Asked once per process."""
+    return _code_version()
+
+
+def _code_version() -> dict:
     from rope_jax import __version__
 
     top = _git("rev-parse", "--show-toplevel")
@@ -57,7 +71,53 @@ def code_version() -> dict:
     if commit:
         diff = _git("status", "--porcelain", "--untracked-files=no", "--", "*.py")
         changed = None if diff is None else bool(diff)
+    elif (stamped := _read_stamp()) is not None:  # a copied tree, stamped before the copy
+        files = stamped["files"]
+        changed = bool(stamped["changed"]) or _digest(files) != stamped["digest"]
+        return {"commit": stamped["commit"], "changed": changed, "rope_jax": __version__,
+                "stamped": True}  # fmt: skip
     return {"commit": commit, "changed": changed, "rope_jax": __version__}
+
+
+def _digest(files: list[str]) -> str:
+    """sha256 over the paths (relative to the tree's top) and contents of `files`; a
+    missing file counts as its path alone."""
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0")
+        path = os.path.join(_ROOT, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                h.update(f.read())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _read_stamp() -> dict | None:
+    try:
+        with open(os.path.join(_ROOT, STAMP)) as f:
+            data = json.load(f)
+        return data if {"commit", "changed", "files", "digest"} <= data.keys() else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def stamp() -> str:
+    """Writes <tree>/CODE_VERSION.json from this git checkout (its HEAD, whether a tracked
+    Python file differs, the tracked Python files and their digest), for a copy of the
+    tree that travels without .git; returns its path. ValueError outside a checkout."""
+    version = _code_version()  # now, not what this process saw first
+    files = _git("ls-files", "--", "*.py")
+    if not version["commit"] or version.get("stamped") or files is None:
+        raise ValueError(f"{_ROOT} is not a git checkout: nothing to stamp")
+    files = files.splitlines()
+    data = {"commit": version["commit"], "changed": version["changed"], "files": files,
+            "digest": _digest(files)}  # fmt: skip
+    path = os.path.join(_ROOT, STAMP)
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(path + ".tmp", path)
+    return path
 
 
 def describe(version: dict | None) -> str:
@@ -67,7 +127,7 @@ def describe(version: dict | None) -> str:
         return "unknown"
     if not version.get("commit"):
         return f"rope_jax {version.get('rope_jax', '?')} (no git commit)"
-    text = version["commit"][:7]
+    text = version["commit"][:7] + (" (stamped)" if version.get("stamped") else "")
     return text + " + uncommitted changes" if version.get("changed") else text
 
 
@@ -140,3 +200,22 @@ def seen(workdir: str, key: str = "code") -> list[str]:
     """The values of `key` ("code", "devices", "jax") over a run's starts, each once, in
     the order met: the code (or the machines) a run was trained under."""
     return list(dict.fromkeys(r[key] for r in read_starts(workdir) if key in r))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m rope_jax.provenance",
+                                description="The code version of this tree.")  # fmt: skip
+    p.add_argument("--stamp", action="store_true",
+                   help=f"write {STAMP} for a copy of the tree without .git")  # fmt: skip
+    args = p.parse_args(argv)
+    if args.stamp:
+        try:
+            print(f"wrote {stamp()}: {describe(code_version())}")
+        except ValueError as e:
+            sys.exit(f"error: {e}")
+        return
+    print(describe(code_version()))
+
+
+if __name__ == "__main__":
+    main()

@@ -182,7 +182,8 @@ def test_bad_stage_budget_or_out_is_one_line(tmp_path):
         (["--stage=kernel"],
          "gpu_suite: --stage='kernel': stages are all or check, kernels, step1b, rung, peer"),
         (["--budget_s=0"], "gpu_suite: --budget_s=0 must be > 0"),
-        ([f"--out={tmp_path}/file/out"], f"gpu_suite: --out={tmp_path}/file/out: Not a directory"),
+        ([f"--out={tmp_path}/file/out"],
+         f"gpu_suite: --out={tmp_path}/file/out: Not a directory ({tmp_path}/file)"),
     ]:  # fmt: skip
         proc = _suite("--out", str(tmp_path / "unused"), *args)
         assert proc.returncode != 0

@@ -102,3 +102,23 @@ def test_a_page_names_the_code_and_devices_its_runs_recorded(tmp_path):
     assert line == "Date: d; jax j; device: cpu; code: abc1234."
     line = report.header(dict(page, code=["abc1234", "def5678"]))[4]
     assert "code: abc1234, def5678 (the runs span these" in line
+
+
+def test_a_copied_tree_without_git_reports_the_commit_it_was_stamped_with(tmp_path, checkout,
+                                                                          monkeypatch):  # fmt: skip
+    head = _git(checkout, "rev-parse", "HEAD")
+    assert provenance.stamp() == str(checkout / provenance.STAMP)
+    copied = tmp_path / "copied"
+    subprocess.run(["cp", "-r", str(checkout), str(copied)], check=True)
+    subprocess.run(["rm", "-rf", str(copied / ".git")], check=True)  # as a copy travels
+    monkeypatch.setattr(provenance, "_ROOT", str(copied))
+    version = _version()
+    assert version == {"commit": head, "changed": False, "rope_jax": __version__,
+                       "stamped": True}  # fmt: skip
+    assert provenance.describe(version) == f"{head[:7]} (stamped)"
+    (copied / "table.json").write_text('{"rows": 2}\n')  # not code
+    assert _version()["changed"] is False
+    (copied / "pkg" / "a.py").write_text("x = 3\n")  # edited after the stamp
+    assert provenance.describe(_version()) == f"{head[:7]} (stamped) + uncommitted changes"
+    with pytest.raises(ValueError, match="is not a git checkout: nothing to stamp"):
+        provenance.stamp()  # a stamp is made from git, not from another stamp
