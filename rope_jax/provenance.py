@@ -34,6 +34,8 @@ import subprocess
 import sys
 import time
 
+from rope_jax import signals  # standard library only, as this module
+
 FILE = "provenance.jsonl"
 STAMP = "CODE_VERSION.json"  # a copied tree's commit (`stamp`), beside the package
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # holds rope_jax/
@@ -203,6 +205,7 @@ def seen(workdir: str, key: str = "code") -> list[str]:
 
 
 def main(argv=None) -> None:
+    signals.release_signals()  # one that came while the modules imported: stops it here
     p = argparse.ArgumentParser(prog="python -m rope_jax.provenance",
                                 description="The code version of this tree.")  # fmt: skip
     p.add_argument("--stamp", action="store_true",
