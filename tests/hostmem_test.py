@@ -1,5 +1,7 @@
 """Host memory: the lower bound a run is refused by, against XLA's own figure."""
 
+import os
+
 import jax
 import pytest
 from flax import nnx
@@ -23,7 +25,8 @@ def test_free_memory_is_read_from_meminfo(tmp_path):
     meminfo.write_text("MemTotal: 100 kB\n")  # an old kernel's: no MemAvailable
     assert hostmem.available_bytes(str(meminfo)) is None
     assert hostmem.available_bytes(str(tmp_path / "none")) is None
-    assert hostmem.available_bytes() > 0  # this machine's
+    if os.path.exists(hostmem.MEMINFO):
+        assert hostmem.available_bytes() > 0  # this machine's
 
 
 def test_the_bound_stays_under_what_xla_allocates(data_dir):
@@ -83,6 +86,9 @@ def test_xla_running_out_of_memory_is_one_line():
 
 def test_the_dry_run_says_whether_the_run_fits_this_host(data_dir, capsys):
     from rope_jax.harness import loop
+
+    if hostmem.available_bytes() is None:
+        pytest.skip("no /proc/meminfo here: the dry run has no line on this host")
 
     report = loop.print_dry_run(tiny(data_dir))
     line = next(x for x in capsys.readouterr().out.splitlines() if "this host:" in x)
