@@ -361,6 +361,8 @@ def test_a_data_dir_or_tokenizer_that_cannot_be_used_is_one_line_and_makes_nothi
         _prepare(str(tmp_path / "t.txt"), "bytes", tmp_path / "file", "x")
     with pytest.raises(ValueError, match=r"^tokenizer file .*/none\.model does not exist$"):
         _prepare(str(tmp_path / "t.txt"), str(tmp_path / "none.model"), tmp_path / "out", "x")
+    with pytest.raises(ValueError, match=r"^--max_documents=-1 must be >= 0 \(0: all\)$"):
+        _prepare(str(tmp_path / "t.txt"), "bytes", tmp_path / "out", "x", max_documents=-1)
     assert not (tmp_path / "out").exists()  # refused before the output directory is made
 
 

@@ -234,6 +234,7 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
         ({"optim.name": "lion"}, "optim.name"),
         ({"data.global_batch_size": 0}, "data.global_batch_size"),
         ({"data.seq_len": -3}, r"^data\.seq_len=-3"),  # named as the field the user set
+        ({"data.max_documents": -1}, r"^data\.max_documents=-1"),  # was read as "all"
         ({"mesh.shape": (2, 1, 1)}, "mesh.shape"),
         ({"data.name": "no_such_dataset_xyz"}, "no_such_dataset_xyz"),
     ],

@@ -57,7 +57,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
               "train.log_every_steps", "eval.batch_size", "train.ckpt_keep")  # fmt: skip
     _non_negative(config, "train.eval_every_steps", "train.ckpt_every_steps",
                   "eval.num_batches", "optim.warmup_steps", "optim.weight_decay",
-                  "optim.grad_clip_norm")  # fmt: skip
+                  "optim.grad_clip_norm", "data.max_documents")  # fmt: skip
     kind = data.kind(config.data)  # the model's checks read data.seq_len: checked first
     model.check_config(config.model, kind.num_axes, train_seq_len=config.data.seq_len)
     data.check_scheme(config.data)

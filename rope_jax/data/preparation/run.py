@@ -132,6 +132,8 @@ def _check_settings(settings: Settings, name: str, workers: int) -> None:
         raise PrepareError(f"--name={name!r} must be a plain directory name")
     if workers < 1:
         raise PrepareError(f"--workers must be >= 1, got {workers}")
+    if settings.max_documents < 0:
+        raise PrepareError(f"--max_documents={settings.max_documents} must be >= 0 (0: all)")
     if settings.shard_tokens < 1 or settings.record_tokens < 0:
         raise PrepareError("--shard_tokens must be >= 1 and --record_tokens >= 0")
     if settings.compression not in shards.COMPRESSION:
