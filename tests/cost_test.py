@@ -146,6 +146,23 @@ def test_main_writes_markdown_and_keeps_the_notes(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == ["plan.md"]  # no temporary file left
 
 
+@pytest.mark.parametrize("flag, message", [
+    ("--num_tokens=abc", "--num_tokens=abc must be comma-separated positive numbers"),
+    ("--num_tokens=-5", "--num_tokens=-5 must be comma-separated positive numbers"),
+    ("--seeds=0", "--seeds=0 must be comma-separated positive numbers"),
+    ("--rows=0", "--rows=0 must be >= 1"),
+    ("--mfu=2", "--mfu=2 must be a fraction in (0, 1]"),
+    ("--measured_mfu=0", "--measured_mfu=0 must be a fraction in (0, 1]"),
+    ("--out=/dev/null/plan.md", "--out=/dev/null/plan.md is not writable: Not a directory"),
+])  # fmt: skip
+def test_a_value_the_plan_cannot_use_is_one_line(flag, message, monkeypatch):
+    """Each was a traceback or a plan of negative hours."""
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as info:
+        cost.main(["--config=configs/lm.py:size=tiny", flag])
+    assert str(info.value.code) == f"error: {message}"
+
+
 @pytest.mark.slow  # compiles the tiny step (~5-10 s on 2 busy cores)
 def test_dry_run_reports_the_flops():
     from rope_jax.harness import setup

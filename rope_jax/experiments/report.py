@@ -412,12 +412,9 @@ def check_out(out: str, flag: str = "--out") -> None:
     """One line (a WorkdirError, which is a ValueError) when the directory of the page
     `out` cannot be made or written: checked before the work whose page it is, by a probe
     in its nearest folder that exists (nothing is made)."""
-    from rope_jax.harness.workdir import check_writable  # imports jax: not at the start
+    from rope_jax.harness.workdir import check_can_write  # imports jax: not at the start
 
-    existing = os.path.dirname(os.path.abspath(out))
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    check_writable(existing, what=f"{flag}={out}")
+    check_can_write(out, what=f"{flag}={out}")
 
 
 def load_results(path: str, flag: str) -> dict:

@@ -174,6 +174,29 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_args(args) -> None:
+    """ValueError naming the flag whose value the plan cannot use."""
+    for flag, text, kind in (
+        ("--num_tokens", args.num_tokens, float),
+        ("--seeds", args.seeds, int),
+    ):
+        try:
+            values = [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"{flag}={text} must be comma-separated positive numbers") from None
+        if any(not v > 0 for v in values):
+            raise ValueError(f"{flag}={text} must be comma-separated positive numbers")
+    if args.rows < 1:
+        raise ValueError(f"--rows={args.rows} must be >= 1")
+    if args.vocab_size < 0:
+        raise ValueError(f"--vocab_size={args.vocab_size} must be >= 0 (0: the config's)")
+    for flag, mfu in (("--mfu", args.mfu), ("--measured_mfu", args.measured_mfu)):
+        if mfu is not None and not 0 < mfu <= 1:
+            raise ValueError(f"{flag}={mfu:g} must be a fraction in (0, 1]")
+    if args.out:
+        workdir.check_can_write(args.out, what=f"--out={args.out}")
+
+
 def render(argv: Sequence[str]) -> list[str]:
     """The markdown document `main(argv)` writes: the command, one section per budget."""
     args = _parser().parse_args(argv)
@@ -207,7 +230,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Prints the plan, or writes it to --out keeping that file's notes (`kept_notes`)."""
     signals.release_signals()  # one that came while the modules imported: stops it here
     argv = list(sys.argv[1:] if argv is None else argv)
-    text = "\n".join(render(argv)) + "\n"
+    try:
+        check_args(_parser().parse_args(argv))
+        text = "\n".join(render(argv)) + "\n"
+    except ValueError as e:  # a bad number or --out, a config that does not load: one line
+        sys.exit(f"error: {e}")
     out = _parser().parse_args(argv).out
     if not out:
         print(text, end="")

@@ -194,6 +194,16 @@ def check_writable(workdir: str, what: str = "workdir") -> None:
         raise WorkdirError(not_writable_message(workdir, e, what)) from None
 
 
+def check_can_write(path: str, what: str) -> None:
+    """WorkdirError naming `what` unless a file can be written at `path`: the nearest
+    folder above it that exists must be a directory that takes a file (probed; nothing is
+    made)."""
+    existing = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    check_writable(existing, what=what)
+
+
 def not_writable_message(workdir: str, error: OSError, what: str = "workdir") -> str:
     reason = error.strerror or str(error)
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
