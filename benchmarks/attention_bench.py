@@ -140,7 +140,8 @@ def parse_args(argv):
     p.add_argument("--impls", default=",".join(IMPLS), type=lambda s: s.split(","))
     p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up")
     p.add_argument("--max_gib", type=float, default=3.0, help="time only below this temp")
-    p.add_argument("--out", default="", help="write the markdown report here")
+    p.add_argument("--out", default="", type=bench_child.page_path,
+                   help="write the markdown report here")  # fmt: skip
     p.add_argument("--only", default="", help=argparse.SUPPRESS)  # child: impl,T
     return p.parse_args(argv)
 

@@ -6,6 +6,7 @@ that prints one JSON line: each framework then has its own peak memory and its o
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -25,6 +26,26 @@ def run_child(args: list[str], *, script: str, timeout: float = 1800) -> dict | 
         sys.stderr.write(f"child {' '.join(args)} failed:\n{proc.stderr[-3000:]}\n")
         return None
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def preset(value: str) -> str:
+    """argparse `type` of a benchmark's --size: a size preset of configs/common.py."""
+    from configs.common import SIZES
+
+    if value not in SIZES:
+        raise argparse.ArgumentTypeError(f"{value!r} is not one of {', '.join(SIZES)}")
+    return value
+
+
+def page_path(value: str) -> str:
+    """argparse `type` of a benchmark's --out (a page written at the end): where nothing
+    can be written is a usage error at once, not a traceback after the measurements."""
+    existing = os.path.dirname(os.path.abspath(value)) if value else ""
+    while existing and not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if existing and not (os.path.isdir(existing) and os.access(existing, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"{value}: {existing} is not a writable directory")
+    return value
 
 
 def publish(text: str, out: str = "") -> None:

@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batches", type=int, default=200)
-    p.add_argument("--out", default="")
+    p.add_argument("--out", default="", type=bench_child.page_path)
     p.add_argument("--clean", action="store_true", help="delete --work at the end")
     p.add_argument("--only", default="", help=argparse.SUPPRESS)  # child: dataset name
     args = p.parse_args(argv)

@@ -113,7 +113,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dataset", required=True, help="a prepared dataset dir (metadata.json)")
     p.add_argument("--sample_permille", type=int, default=20, help="documents tokenized, per 1000")
-    p.add_argument("--out", default="", help="write the table here too (markdown)")
+    p.add_argument("--out", default="", type=bench_child.page_path,
+                   help="write the table here too (markdown)")  # fmt: skip
     args = p.parse_args(argv)
     dataset = os.path.expanduser(args.dataset)
     meta_path = os.path.join(dataset, "metadata.json")

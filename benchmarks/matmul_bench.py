@@ -199,9 +199,9 @@ def report(size: str, ours: dict, peer: dict | None, command: str) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="small")
+    parser.add_argument("--size", default="small", type=bench_child.preset)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", default="")
+    parser.add_argument("--out", default="", type=bench_child.page_path)
     parser.add_argument("--only", default="", help="child: jax | torch")
     args = parser.parse_args(argv)
     if args.only:

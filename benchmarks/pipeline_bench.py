@@ -19,6 +19,10 @@ import numpy as np
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:  # `configs` is not installed: import it from the checkout
     sys.path.insert(0, _ROOT)
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # bench_child
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bench_child  # noqa: E402
 
 
 def measure_pipeline(config, *, steps: int, rounds: int = 2) -> dict:
@@ -131,7 +135,7 @@ def measure_layouts(num: int = 256, seq_len: int = 2048, repeats: int = 3) -> di
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="tiny")
+    parser.add_argument("--size", default="tiny", type=bench_child.preset)
     parser.add_argument("--steps", type=int, default=100)
     args = parser.parse_args(argv)
     from configs import lm

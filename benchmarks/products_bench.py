@@ -152,9 +152,9 @@ def report(size: str, rows: list[dict], ceil: dict, command: str) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="small")
+    parser.add_argument("--size", default="small", type=bench_child.preset)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", default="")
+    parser.add_argument("--out", default="", type=bench_child.page_path)
     args = parser.parse_args(argv)
     rows = measure(args.size, args.repeats)
     text = report(args.size, rows, ceiling(), "python " + " ".join(sys.argv))

@@ -84,7 +84,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="8,2048,16,128", help="B,T,N,H")
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--out", default="", help="markdown file to write")
+    parser.add_argument("--out", default="", type=bench_child.page_path,
+                        help="markdown file to write")  # fmt: skip
     args = parser.parse_args(argv)
     shape = tuple(int(s) for s in args.shape.split(","))
     rows = [bench(shape, dt, args.repeats) for dt in (jnp.float32, jnp.bfloat16)]

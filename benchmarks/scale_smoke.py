@@ -238,8 +238,9 @@ def render(args, m: dict | None, p: dict | None) -> str:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="")
-    p.add_argument("--size", default="1b", help="the preset (tiny for a quick check)")
+    p.add_argument("--out", default="", type=bench_child.page_path)
+    p.add_argument("--size", default="1b", type=bench_child.preset,
+                   help="the preset (tiny for a quick check)")  # fmt: skip
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--seq_len", type=int, default=128)
     p.add_argument("--steps", type=int, default=3)

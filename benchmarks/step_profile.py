@@ -187,11 +187,11 @@ def report(size, sets, step_s, rows, top: int, command: str) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="small")
+    parser.add_argument("--size", default="small", type=bench_child.preset)
     parser.add_argument("--set", action="append", default=[], help="FIELD=VALUE override")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--top", type=int, default=30)
-    parser.add_argument("--out", default="")
+    parser.add_argument("--out", default="", type=bench_child.page_path)
     args = parser.parse_args(argv)
     from configs import lm
     from rope_jax import harness

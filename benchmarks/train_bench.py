@@ -70,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--pipeline_steps", type=int, default=100)
     parser.add_argument("--out", default="", help="markdown report (keeps its ## Notes)")
     parser.add_argument("--only", default="", help="child: ours|variants|peer|ceiling|...")
-    parser.add_argument("--size", default="tiny")
+    parser.add_argument("--size", default="tiny", type=bench_child.preset)
     return parser
 
 

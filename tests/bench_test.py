@@ -270,3 +270,21 @@ def test_scale_smoke_trains_saves_restores_and_decodes_a_preset(tmp_path):
     for phase in ("init", "compile", "train", "save", "restore", "eval", "decode"):
         assert f"| {phase} | " in page
     assert "decoded 8 tokens" in page
+
+
+def test_a_bad_size_or_an_out_that_cannot_be_written_stops_a_benchmark_before_it_measures(
+    tmp_path,
+):
+    """Both were tracebacks; an --out under a file came after the whole measurement."""
+    (tmp_path / "file").write_text("")
+    for script, flag, message in [
+        ("matmul_bench", "--size=bogus", "argument --size: 'bogus' is not one of tiny, small, 1b"),
+        ("rotary_bench", f"--out={tmp_path}/file/page.md",
+         f"argument --out: {tmp_path}/file/page.md: {tmp_path}/file is not a writable directory"),
+    ]:  # fmt: skip
+        proc = subprocess.run([sys.executable, str(_BENCHMARKS / f"{script}.py"), flag],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert proc.stderr.strip().splitlines()[-1] == f"{script}.py: error: {message}"
+    child = _load("bench_child")
+    assert child.page_path(str(tmp_path / "new" / "dir" / "page.md"))  # made when written
