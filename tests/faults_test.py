@@ -1348,6 +1348,17 @@ def test_a_step_that_is_not_there_is_named_with_the_steps_that_are(saved, tmp_pa
         eval_lib.evaluate_checkpoint(workdir, step=15, num_batches=1)
 
 
+def test_a_split_that_is_not_there_is_named_before_an_existing_result_is(saved, tmp_path):
+    """The file from an earlier evaluation used to answer first ('exists and was made with
+    other settings'); the real mistake showed only on the second try, with --tag."""
+    workdir = copy_run(saved, tmp_path)
+    eval_lib.evaluate_checkpoint(workdir, num_batches=1)
+    with pytest.raises(ValueError, match=r"^split 'bogus' is not in "):
+        eval_lib.evaluate_checkpoint(workdir, num_batches=1, splits=["bogus"])
+    with pytest.raises(ValueError, match="exists and was made with other settings"):
+        eval_lib.evaluate_checkpoint(workdir, num_batches=2)  # a real difference: still said
+
+
 def test_the_first_build_of_a_shipped_corpus_is_one_line_of_ours(tmp_path, capsys):
     config = data.default_config()
     config.data_dir = str(tmp_path / "tfds")

@@ -305,6 +305,13 @@ def evaluate_checkpoint(
     if passkey_examples:
         check_passkey(config, seq_lens, passkey_examples)
     workdir_lib.check_writable(workdir)
+    # what was asked for must exist and fit before anything else is said of it (a split
+    # that is not there, behind "the file exists with other settings", took two tries)
+    distributed.process_0_first(data.ensure_built, config.data)  # no concurrent builds
+    runfiles.check_tokenizer(workdir, data.kind(config.data).tokenizer())
+    run = setup.build(config)
+    hostmem.check_eval(run, config, [*seq_lens, config.data.seq_len] if splits else seq_lens)
+    check_splits(config, [split, *splits])
     live = workdir_lib.running_holder(workdir)  # train.py is running there now
     with contextlib.ExitStack() as stack:
         ckpt = checkpoint.Manager(workdir, read_only=True)
@@ -313,11 +320,6 @@ def evaluate_checkpoint(
             step = pin_step(ckpt, step, live is not None)
             _hold(stack, result_lock(workdir, eval_path(workdir, step, tag)))
             check_existing(eval_path(workdir, step, tag), settings, overwrite)
-        distributed.process_0_first(data.ensure_built, config.data)  # no concurrent builds
-        runfiles.check_tokenizer(workdir, data.kind(config.data).tokenizer())
-        run = setup.build(config)
-        hostmem.check_eval(run, config, [*seq_lens, config.data.seq_len] if splits else seq_lens)
-        check_splits(config, [split, *splits])
         known = step
         step, state = _restore(ckpt, run, step, fallback, live is not None)
         ckpt.close()  # the state is in memory: rotation may take the step now
