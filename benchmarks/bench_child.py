@@ -37,12 +37,18 @@ def preset(value: str) -> str:
     return value
 
 
+def nearest_existing(path: str) -> str:
+    """`path`, or the nearest folder above it that exists (where a write would begin)."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return path
+
+
 def page_path(value: str) -> str:
     """argparse `type` of a benchmark's --out (a page written at the end): where nothing
     can be written is a usage error at once, not a traceback after the measurements."""
-    existing = os.path.dirname(os.path.abspath(value)) if value else ""
-    while existing and not os.path.exists(existing):
-        existing = os.path.dirname(existing)
+    existing = nearest_existing(os.path.dirname(os.path.abspath(value))) if value else ""
     if existing and not (os.path.isdir(existing) and os.access(existing, os.W_OK)):
         raise argparse.ArgumentTypeError(f"{value}: {existing} is not a writable directory")
     return value

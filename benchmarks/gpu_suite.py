@@ -53,6 +53,8 @@ for _path in (_ROOT, os.path.join(_ROOT, "benchmarks")):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+import bench_child  # noqa: E402  (standard library only, as this parent)
+
 ORDER = ("check", "kernels", "step1b", "rung", "peer")
 SHARES = {"check": 0.03, "kernels": 0.17, "step1b": 0.22, "rung": 0.43, "peer": 0.15}
 
@@ -167,10 +169,9 @@ def main(argv=None) -> None:
     todo = stages(args.stage)
     if not args.budget_s > 0:
         raise SystemExit(f"gpu_suite: --budget_s={args.budget_s:g} must be > 0")
-    existing = args.out  # the stage files go there as each finishes: it must take them
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):  # made only once the stages start
+    # the stage files go there as each finishes: it must take them (made once stages start)
+    existing = bench_child.nearest_existing(args.out)
+    if not os.path.isdir(existing):
         raise SystemExit(f"gpu_suite: --out={args.out}: Not a directory ({existing})")
     if args.resume_from:
         resume_from(args.resume_from, args.out)

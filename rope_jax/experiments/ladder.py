@@ -115,13 +115,11 @@ def rung(report: dict, rows) -> dict:
 
 def _rung(path: str, rows) -> dict:
     """`rung` of the sweep at `path`; its problems name the file."""
+    report = load_results(path, "--sweeps")  # its errors name the flag and the file
     try:
-        return rung(load_results(path, "--sweeps"), rows)
+        return rung(report, rows)
     except ValueError as e:
-        message = str(e)
-        raise ValueError(
-            message if message.startswith("--") else f"--sweeps: {path} {message}"
-        ) from None
+        raise ValueError(f"--sweeps: {path} {e}") from None
 
 
 def render(rungs: list[dict], command: str) -> str:

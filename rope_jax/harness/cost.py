@@ -198,8 +198,10 @@ def check_args(args) -> None:
 
 
 def render(argv: Sequence[str]) -> list[str]:
-    """The markdown document `main(argv)` writes: the command, one section per budget."""
+    """The markdown document `main(argv)` writes: the command, one section per budget;
+    ValueError for arguments it cannot use (`check_args`)."""
     args = _parser().parse_args(argv)
+    check_args(args)
     config = load_config(args.config)
     if args.vocab_size:
         config.model.vocab_size = args.vocab_size
@@ -231,7 +233,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     signals.release_signals()  # one that came while the modules imported: stops it here
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        check_args(_parser().parse_args(argv))
         text = "\n".join(render(argv)) + "\n"
     except ValueError as e:  # a bad number or --out, a config that does not load: one line
         sys.exit(f"error: {e}")

@@ -44,13 +44,12 @@ def available_bytes(path: str = MEMINFO) -> int | None:
 
 def train_needs(run, config) -> dict[str, int]:
     """The lower bound of a train step's host bytes, by part (module docstring)."""
-    devices = jax.local_device_count()
     rows = config.data.global_batch_size // jax.process_count()
     micro = rows // config.train.microbatches
     tokens, item = config.data.seq_len, np.dtype(config.model.dtype).itemsize
     return {
-        "state": setup.bytes_per_device(run.abstract) * devices,
-        "gradients": setup.bytes_per_device(run.abstract["params"]) * devices,
+        "state": _state(run),
+        "gradients": setup.bytes_per_device(run.abstract["params"]) * jax.local_device_count(),
         "residuals": config.model.num_layers * micro * tokens * config.model.embed_dim * item,
         "logits": micro * tokens * config.model.vocab_size * item,
         "scores": _scores(config, micro, tokens),
@@ -63,7 +62,7 @@ def eval_needs(run, config, seq_len: int) -> dict[str, int]:
     rows = config.eval.batch_size // jax.process_count()
     item = np.dtype(config.model.dtype).itemsize
     return {
-        "state": setup.bytes_per_device(run.abstract) * jax.local_device_count(),
+        "state": _state(run),
         "logits": rows * seq_len * config.model.vocab_size * item,
         "scores": _scores(config, rows, seq_len),
         "batch": rows * seq_len * 12,
@@ -76,9 +75,14 @@ def generate_needs(run, config, prompt_len: int, max_new_tokens: int) -> dict[st
 
     length = prompt_len + max_new_tokens
     return {
-        "state": setup.bytes_per_device(run.abstract) * jax.local_device_count(),
+        "state": _state(run),
         "cache": model.kv_cache_bytes_per_token(config.model) * length,  # init_cache's
     }
+
+
+def _state(run) -> int:
+    """Parameters and optimiser state over every local device (all in the host's RAM)."""
+    return setup.bytes_per_device(run.abstract) * jax.local_device_count()
 
 
 def _scores(config, rows: int, seq_len: int) -> int:

@@ -75,7 +75,8 @@ def export_run(workdir: str, out: str, *, step: int | None = None, overwrite: bo
         raise hf_config.HFError(
             f"--out={out} holds a model already; pass --overwrite to replace it"
         )
-    workdir_lib.check_writable(out, what=f"--out={out}")  # before anything restores
+    # before anything restores; nothing is made (convert.save makes --out)
+    workdir_lib.check_can_write(os.path.join(out, hf_config.CONFIG_FILE), what=f"--out={out}")
     run = setup.build(without_corpus(config), vocab_from_data=False)
     step, state = restore(workdir, run, step, fallback=False)
     rope = config.model.rope
