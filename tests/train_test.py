@@ -64,15 +64,21 @@ def test_loss_falls_and_outputs_are_written(data_dir, tmp_path):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_resume_ends_with_exactly_the_same_parameters(data_dir, tmp_path, dtype):
+def test_resume_ends_with_exactly_the_same_parameters(data_dir, tmp_path, dtype, capsys):
     """Bit-identical on one machine, bfloat16 matmuls included (provenance.jsonl names
-    the processor: other CPUs take other bfloat16 kernels)."""
+    the processor: other CPUs take other bfloat16 kernels). The run is killed while
+    saving step 20: Orbax writes a step under a temporary name and renames it once
+    complete, so the kill leaves `20.orbax-checkpoint-tmp`, which the resume removes."""
     config = tiny(data_dir, **{"model.dtype": dtype})
     straight, interrupted = str(tmp_path / "a"), str(tmp_path / "b")
     train.train_and_evaluate(config, straight)
     train.train_and_evaluate(config, interrupted)
-    shutil.rmtree(os.path.join(interrupted, "checkpoints", "20"))  # as if killed after 10
+    ckpts = os.path.join(interrupted, "checkpoints")
+    os.rename(os.path.join(ckpts, "20"), os.path.join(ckpts, "20.orbax-checkpoint-tmp"))
+    capsys.readouterr()
     train.train_and_evaluate(config, interrupted)  # resumes from step 10
+    assert "removed 20.orbax-checkpoint-tmp in " in capsys.readouterr().out
+    assert sorted(os.listdir(ckpts)) == ["10", "20"]  # the leftover's disk space is back
     a, extra_a = final_params(straight, config)
     b, extra_b = final_params(interrupted, config)
     assert extra_a == extra_b  # data iterator position included

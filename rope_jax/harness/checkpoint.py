@@ -26,7 +26,8 @@ rotation is deleting. Restoring goes into an abstract target
 devices; then every array is compared with its checksum and non-finite parameters
 are rejected. Every failure a user can cause (no checkpoint, a different model
 shape, a damaged or incomplete step, a full disk) is a `CheckpointError` with one
-readable line that names the step.
+readable line that names the step. A trainer starting in a workdir removes what a
+save killed part way left (`remove_unfinished`): up to a whole state's size on disk.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ CKPT_DIR = "checkpoints"
 DAMAGED_DIR = "damaged_checkpoints"  # where train.py --fallback moves damaged steps
 CHECKSUMS_FILE = "checksums.process_{}.json"  # one per process: its own shards
 PINS_DIR = "checkpoint_pins"  # <step>.lock: readers hold it shared, rotation exclusive
+_TMP_SUFFIX = ".orbax-checkpoint-tmp"  # a step being written (renamed once complete)
 
 
 class CheckpointError(ValueError):
@@ -275,7 +277,7 @@ class Manager:
     def _discard(self, step: int, existed: bool) -> None:
         """Removes what a failed save of `step` left (never an earlier, complete step)."""
         if jax.process_index() == 0:
-            for tmp in glob.glob(os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp*")):
+            for tmp in glob.glob(os.path.join(self.directory, f"{step}{_TMP_SUFFIX}*")):
                 shutil.rmtree(tmp, ignore_errors=True)
             if not existed:
                 shutil.rmtree(self.step_dir(step), ignore_errors=True)
@@ -287,6 +289,24 @@ class Manager:
             f"saving checkpoint step {step} to {self.directory} failed: {_reason(error)} "
             f"({free} free there); {self._kept()}"
         )
+
+    def remove_unfinished(self) -> list[tuple[str, int]]:
+        """Removes what saves killed part way left: Orbax's `<step>.orbax-checkpoint-tmp*`
+        directories, never renamed into a step, never read and never cleaned by Orbax.
+        Only the run's trainer calls this, holding the workdir's lock, before its first
+        save: no save of its own is under way. Returns (name, bytes) of each, on process 0
+        (the others return [])."""
+        if self.read_only or jax.process_index() != 0:
+            return []
+        removed = []
+        for tmp in sorted(glob.glob(os.path.join(self.directory, f"*{_TMP_SUFFIX}*"))):
+            size = workdir_lib.tree_bytes(tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not os.path.exists(tmp):
+                removed.append((os.path.basename(tmp), size))
+        if removed:
+            self._reset()
+        return removed
 
     def wait(self) -> None:
         if self._mngr is not None:

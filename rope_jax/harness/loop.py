@@ -148,6 +148,9 @@ def _restore_or_init(run, ckpt, train_iter, fallback, init_from=""):
     """(state, step): the newest checkpoint (or with `fallback`, the newest intact one,
     the damaged ones moved aside), or a fresh state at step 0 (with `init_from`, holding
     that run's matching parameters: `transfer`)."""
+    for name, size in ckpt.remove_unfinished():  # a save killed part way: never read
+        console.say(f"removed {name} in {ckpt.directory}, left by a save that was "
+                    f"interrupted ({workdir_lib.format_bytes(size)})")  # fmt: skip
     steps = ckpt.steps()
     if not steps:
         state = jax.jit(run.init_fn, out_shardings=run.shardings)()
