@@ -1,5 +1,7 @@
 """Tests for rope_jax.experiments.plot_layout: markers are layouts.positions, CLI, errors."""
 
+import os
+
 import matplotlib.image
 import numpy as np
 import pytest
@@ -202,16 +204,33 @@ def test_one_axis_draws_only_per_axis_panel():
         (["--scheme=mrope", f"--segments={VIDEO}", "--allocation=sections", "--sections=a"],
          "--sections"),
         (["--scheme=videorope", "--segments=text:1,video:2x2x2@0,text:1"], "video:2x2x2@0"),
+        (["--scheme=mrope", f"--segments={VIDEO}", "--sections=4,6,6"],
+         "--sections sets the allocation strip, which only --allocation draws"),
+        (["--scheme=mrope", f"--segments={VIDEO}", "--head_dim=32"], "--head_dim sets"),
+        (["--scheme=mrope", f"--segments={VIDEO}", "--out={tmp}/x.foo"],
+         "--out={tmp}/x.foo: matplotlib writes no 'foo' files; use a suffix of"),
+        (["--scheme=mrope", f"--segments={VIDEO}", "--out={tmp}/x.png/y.png"],
+         "--out={tmp}/x.png/y.png"),  # below a file (the default --out below)
     ],
 )  # fmt: skip
 def test_errors_are_one_line(tmp_path, argv, names):
-    out = tmp_path / "x.png"
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    names = names.replace("{tmp}", str(tmp_path))
+    (tmp_path / "x.png").write_bytes(b"")  # an earlier figure, or the file --out is below
+    if not any(a.startswith("--out=") for a in argv):
+        argv.append(f"--out={tmp_path / 'x.png'}")
     with pytest.raises(SystemExit) as e:
-        plot_layout.main([*argv, f"--out={out}"])
+        plot_layout.main(argv)
     message = str(e.value.code)
     assert message.startswith("error: ") and "\n" not in message
     assert names in message
-    assert not out.exists()
+    assert os.listdir(tmp_path) == ["x.png"] and not (tmp_path / "x.png").read_bytes()
+
+
+def test_the_suffix_of_out_picks_the_format(tmp_path):
+    out = tmp_path / "fig.svg"
+    plot_layout.main(["--scheme=rope_tv", f"--segments={IMAGE}", f"--out={out}"])
+    assert out.read_text().lstrip().startswith("<?xml") and "<svg" in out.read_text()
 
 
 def test_command_in_suptitle():

@@ -29,7 +29,6 @@ of the `--head_dim`/2 rotation pairs, fastest pair on the left, with `--sections
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -42,6 +41,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator, MultipleLocator
 
 from rope_jax import layouts, rotary, signals
+from rope_jax.experiments import report
 
 KINDS = {layouts.TEXT: "text", layouts.IMAGE: "image", layouts.VIDEO: "video"}
 COLORS = {layouts.TEXT: "tab:blue", layouts.IMAGE: "tab:orange", layouts.VIDEO: "tab:green"}
@@ -239,7 +239,9 @@ def parse_args(argv):
     p.add_argument("--scheme", required=True, help="name, comma-separated names, or 'all'")
     p.add_argument("--segments", required=True, help='e.g. "text:4,image:3x5,text:3"')
     p.add_argument("--num_axes", default=None, help="1, 2 or 3 (default: 3 with a video, else 2)")
-    p.add_argument("--out", default=None, help="PNG path (default: layout_<scheme>.png)")
+    p.add_argument(
+        "--out", default=None, help="image; its suffix picks the format (layout_<scheme>.png)"
+    )
     p.add_argument(
         "--tokens_per_second",
         default=None,
@@ -251,7 +253,7 @@ def parse_args(argv):
         default=None,
         help="rotary allocation name(s), comma-separated, or 'all': adds a pair strip",
     )
-    p.add_argument("--head_dim", default="128", help="H of the allocation strip (H/2 pairs)")
+    p.add_argument("--head_dim", default=None, help="H of the allocation strip (H/2 pairs; 128)")
     p.add_argument(
         "--sections",
         default=None,
@@ -318,7 +320,11 @@ def check_extras(args, schemes: Sequence[str], num_axes: int) -> dict:
             if a not in rotary.ALLOCATIONS:
                 allowed = ", ".join(rotary.ALLOCATIONS)
                 raise ValueError(f"unknown allocation {a!r}; allowed: {allowed}, all")
-    head_dim = _number("head_dim", args.head_dim, int)
+    for flag in ("head_dim", "sections"):
+        if getattr(args, flag) is not None and not allocations:
+            raise ValueError(f"--{flag} sets the allocation strip, which only --allocation "
+                             "draws")  # fmt: skip
+    head_dim = _number("head_dim", args.head_dim or "128", int)
     if head_dim % 2:
         raise ValueError(f"--head_dim must be even (pairs), got {args.head_dim!r}")
     sections = None
@@ -343,7 +349,7 @@ def command_line(args) -> str:
     parts += [f"--num_axes={args.num_axes}"] if args.num_axes is not None else []
     for flag in (*layouts.SETTINGS, "allocation", "sections"):
         parts += [f"--{flag}={getattr(args, flag)}"] if getattr(args, flag) is not None else []
-    parts += [f"--head_dim={args.head_dim}"] if args.allocation and args.head_dim != "128" else []
+    parts += [f"--head_dim={args.head_dim}"] if args.head_dim is not None else []
     return " ".join(parts + ([f"--out={args.out}"] if args.out else []))
 
 
@@ -353,6 +359,8 @@ def main(argv=None) -> str:
     try:
         segments, schemes, num_axes = check_args(args)
         extras = check_extras(args, schemes, num_axes)
+        out = args.out or f"layout_{'-'.join(schemes) if args.scheme != 'all' else 'all'}.png"
+        report.check_figure_path(out, "--out")
         failed = []
         for s in schemes:
             try:
@@ -363,10 +371,8 @@ def main(argv=None) -> str:
             raise ValueError("; ".join(failed))
     except ValueError as e:
         sys.exit(f"error: {e}")
-    out = args.out or f"layout_{'-'.join(schemes) if args.scheme != 'all' else 'all'}.png"
     fig, _ = figure(segments, schemes, num_axes, command=command_line(args), **extras)
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    fig.savefig(out, dpi=130)
+    report.save_figure(fig, out, dpi=130)
     print(out)
     return out
 

@@ -442,19 +442,37 @@ def write_page(out: str, data: dict, markdown: str) -> None:
     write_atomic(out + ".md", markdown)
 
 
+def figure_format(path: str) -> str:
+    """The image format `path`'s suffix names (png without one), as matplotlib writes it."""
+    return os.path.splitext(path)[1][1:].lower() or "png"
+
+
+def check_figure_path(path: str, flag: str) -> None:
+    """One line (a ValueError) when matplotlib cannot write `path`'s format or its folder
+    cannot be written: checked before drawing."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if figure_format(path) not in formats:
+        raise ValueError(f"{flag}={path}: matplotlib writes no {figure_format(path)!r} files; "
+                         f"use a suffix of {', '.join(sorted(formats))}")  # fmt: skip
+    check_out(path, flag)
+
+
 def save_figure(fig, path: str, dpi: int) -> None:
-    """`fig` as a PNG at `path`, made whole in memory and written with `write_atomic`
-    (a crash leaves the old file; a device or pipe, which may not seek, is written in
-    place), then closed."""
+    """`fig` at `path` in the format its suffix names (PNG without one), made whole in
+    memory and written with `write_atomic` (a crash leaves the old file; a device or pipe,
+    which may not seek, is written in place; the folder is made), then closed."""
     import matplotlib.pyplot as plt
 
     from rope_jax.harness.workdir import write_atomic  # imports jax: not at the start
 
     buffer = io.BytesIO()
     try:
-        fig.savefig(buffer, dpi=dpi, format="png")
+        fig.savefig(buffer, dpi=dpi, format=figure_format(path))
     finally:
         plt.close(fig)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     write_atomic(path, buffer.getvalue())
 
 
