@@ -303,6 +303,33 @@ def test_batch_not_divisible_by_data_parallel_size_is_named(data_dir):
     harness.check_batch_fits_mesh(ok, FakeMesh())
 
 
+def test_a_run_resumes_and_trains_on_from_its_saved_config(data_dir, tmp_path):
+    """configs/saved.py: the config a run saved, its overrides included, whatever the
+    config files say today; `--config=<workdir>/config.json` names that flag."""
+    from configs import saved
+
+    config = tiny(data_dir, **{"train.num_steps": 10, "train.ckpt_every_steps": 5})
+    workdir = str(tmp_path / "run")
+    train.train_and_evaluate(config, workdir)
+    again = saved.get_config(workdir)
+    assert (again.model.num_layers, again.model.embed_dim) == (1, 32)  # not the preset's 2, 128
+    again.train.num_steps = 15
+    flag = f"--config=configs/saved.py:{workdir}"
+    with pytest.raises(checkpoint.CheckpointError, match=f"train.num_steps: 10 -> 15.*{flag}"):
+        train.train_and_evaluate(again, workdir)
+    train.train_and_evaluate(again, workdir, allow_config_change=True)  # trains on from 10
+    assert checkpoint.Manager(workdir, read_only=True).steps() == [5, 10, 15]
+    assert saved.get_config(os.path.join(workdir, "config.json")).train.num_steps == 15
+    proc = subprocess.run(
+        [sys.executable, "train.py", f"--config={workdir}/config.json", f"--workdir={workdir}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"error: --config={workdir}/config.json: a config file is Python (configs/*.py); a "
+        f"run's saved config is read with {flag}"
+    )
+
+
 def test_a_run_checks_its_config_once_and_saves_it_resolved(data_dir, tmp_path, monkeypatch):
     """The config is resolved at the entry: every rule runs once per run (the model's
     included), and config.json holds every field, filled from the defaults."""

@@ -121,6 +121,7 @@ def flag_error(argv: list[str], error: Exception) -> str:
     text = str(error).strip()
     if "Error whilst parsing config file" in text:  # the config's get_config raised
         last = [line.strip() for line in text.splitlines() if line.strip()][-1]
+        last = re.sub(r"^(?:\w+\.)*\w*(?:Error|Exception): ", "", last)  # the message only
         return f"--config={_config_arg(argv)}: {last}"
     first = text.splitlines()[0] if text else type(error).__name__
     match = re.search(r"Unknown command line flag '([^']+)'", first)
@@ -149,6 +150,10 @@ def _check_config_file(argv: list[str]) -> None:
     if value is None:
         return
     path = value.split(":", 1)[0]
+    if path.endswith(".json"):  # config_flags would run it as Python: "name 'null' ..."
+        raise ValueError(f"--config={value}: a config file is Python (configs/*.py); a run's "
+                         f"saved config is read with --config=configs/saved.py:"
+                         f"{os.path.dirname(path) or '.'}")  # fmt: skip
     if os.path.isfile(path):
         return
     directory = os.path.dirname(path) or "."

@@ -16,7 +16,8 @@ _COMPUTE_ONLY = ("dtype", "attention.impl")
 
 def check_same_model(saved, config, *, where: str) -> None:
     """The model section decides parameter shapes and meaning: it must match to restore
-    (all of it but the compute choices, `_COMPUTE_ONLY`)."""
+    (all of it but the compute choices, `_COMPUTE_ONLY`). `where` is the saved
+    config.json."""
     old = _flatten(defaults.fill_model(saved.model).to_dict())
     new = _flatten(defaults.fill_model(config.model).to_dict())
     diffs = [
@@ -27,8 +28,13 @@ def check_same_model(saved, config, *, where: str) -> None:
     if diffs:
         raise CheckpointError(
             f"{where} was written for a different model ({'; '.join(diffs)}); "
-            "use a new --workdir or the saved config"
+            f"use a new --workdir, or the saved config: {_saved_config_flag(where)}"
         )
+
+
+def _saved_config_flag(path: str) -> str:
+    """The --config flag that reads the config.json at `path` (configs/saved.py)."""
+    return f"--config=configs/saved.py:{os.path.dirname(path) or '.'}"
 
 
 def _norm(value):
@@ -88,7 +94,8 @@ def check_resume(workdir: str, config, *, allow_change: bool = False) -> list[st
     if changes and not allow_change:
         raise CheckpointError(
             f"{path} was written with other settings ({'; '.join(changes)}), which would "
-            "change what its checkpoints mean: rerun with the saved values, use a new "
-            "--workdir, or pass --allow_config_change to continue with the new ones"
+            "change what its checkpoints mean: rerun with the saved values "
+            f"({_saved_config_flag(path)}), use a new --workdir, or pass "
+            "--allow_config_change to continue with the new ones"
         )
     return changes
