@@ -144,7 +144,7 @@ def _run(progress, rope_scaling):
             temperature=FLAGS.temperature,
             seed=FLAGS.seed,
             fallback=FLAGS.fallback,
-            check=progress.check,
+            progress=progress,
         )
         return
     evaluate_checkpoint(

@@ -759,17 +759,24 @@ def test_a_ctrl_c_at_any_moment_of_a_module_commands_start_stops_it_with_one_lin
 def test_eval_progress_counts_batches_from_the_compiled_one_and_checks_before_each(capsys):
     clock = iter([0.0, 5.0, 6.0, 7.5, 8.0]).__next__  # start, then after batches 1-4
     progress = eval_lib.Progress(0, clock=clock)
-    assert list(progress.watch("abcd", "step 20, validation @64", total=4)) == list("abcd")
+    assert list(progress.watch("abcd", "eval step 20, validation @64", total=4)) == list("abcd")
     assert capsys.readouterr().err.splitlines() == [  # batch 1 compiles: the ETA's rate is 2-4's
         "eval step 20, validation @64: batch 2/4 in 0:00:06  ETA 0:00:02",
         "eval step 20, validation @64: batch 3/4 in 0:00:07  ETA 0:00:01",
         "eval step 20, validation @64: batch 4/4 in 0:00:08",
     ]
     clock = iter([0.0, 5.0, 16.0, 20.0, 27.0]).__next__  # every 10 s; no total: no ETA
-    list(eval_lib.Progress(10, clock=clock).watch("abcd", "step 20, test"))
+    list(eval_lib.Progress(10, clock=clock).watch("abcd", "eval step 20, test"))
     assert capsys.readouterr().err.splitlines() == [
         "eval step 20, test: batch 2 in 0:00:16",
         "eval step 20, test: batch 4 in 0:00:27",
+    ]
+    clock = iter([0.0, 5.0, 6.0, 7.0]).__next__  # a continuation: 1 token, then 32 a call
+    watch = eval_lib.Progress(0, clock=clock).watch
+    list(watch("abc", "generate step 20", total=70, unit="token", per=32, start=1))
+    assert capsys.readouterr().err.splitlines() == [
+        "generate step 20: token 65/70 in 0:00:06  ETA 0:00:00",
+        "generate step 20: token 70/70 in 0:00:07",
     ]
     calls = []
 
@@ -796,7 +803,8 @@ def test_a_signal_dropped_while_text_is_generated_stops_it_before_the_text_is_pr
         raise signals.Interrupted(signal.SIGINT)
 
     with pytest.raises(signals.Interrupted):
-        eval_lib.generate_text(saved, prompt="ROMEO:", max_new_tokens=3, check=check)
+        eval_lib.generate_text(saved, prompt="ROMEO:", max_new_tokens=3,
+                               progress=eval_lib.Progress(10, check=check))  # fmt: skip
     assert calls == [True] and capsys.readouterr().out == ""
 
 
@@ -822,6 +830,27 @@ def test_ctrl_c_or_sigterm_stops_an_evaluation_at_once_with_one_line_and_no_resu
         assert out == ""
         assert not glob.glob(os.path.join(workdir, "*eval_20*"))  # no result, no lock left
         assert not glob.glob(os.path.join(workdir, ".*lock*"))
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_long_continuation_between_its_decoding_calls(saved, tmp_path, cache_env):
+    """eval.py --generate decodes `generate.CHUNK` tokens per compiled call and checks for
+    a signal between calls. Before, one scan of every token ran to its end first: a
+    Ctrl-C 15 s into 30,000 tokens of the tiny preset took 223 s to stop it."""
+    workdir = copy_run(saved, tmp_path)
+    proc = start(["eval.py", f"--workdir={workdir}", "--generate", "--prompt=ROMEO:",
+                  "--max_new_tokens=200000", "--progress_s=0"], cache_env)  # fmt: skip
+    try:
+        cue = read_until(proc, r"^generate step 20: token 65/200,000 in ", 120, "stderr")
+        proc.send_signal(signal.SIGINT)
+        sent = time.time()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and time.time() - sent < 10, (proc.returncode, err)
+    *progress, last = cue + err.splitlines()
+    assert all(re.match(r"generate step 20: token [\d,]+/200,000 in .*ETA", x) for x in progress)
+    assert last == "error: interrupted by Ctrl-C" and out == ""
 
 
 @pytest.mark.slow

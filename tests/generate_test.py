@@ -167,6 +167,39 @@ def test_greedy_generate_equals_naive_greedy(kv, sites):
     np.testing.assert_array_equal(np.asarray(shifted), np.asarray(expected))
 
 
+def test_decoding_in_chunks_changes_no_token_and_a_watch_stops_it_between_them(monkeypatch):
+    """`generate` decodes CHUNK tokens per compiled call (progress and signals between
+    calls): the tokens do not depend on CHUNK, greedy or sampled."""
+    model = model_lib.Decoder(cfg(), rngs=nnx.Rngs(6))
+    prompt = tokens(7, 5)
+    greedy = generate.generate(model, prompt, max_new_tokens=6)  # one call of 32 steps
+    sampled = generate.generate(model, prompt, max_new_tokens=6, temperature=1.0, seed=4)
+    monkeypatch.setattr(generate, "CHUNK", 2)
+    seen = []
+
+    def watch(items):
+        for item in items:
+            seen.append(item)
+            yield item
+
+    again = generate.generate(model, prompt, max_new_tokens=6, watch=watch)
+    assert seen == [0, 1, 2] and generate.chunks(6) == 3  # 1 token, then 5 in calls of 2
+    np.testing.assert_array_equal(np.asarray(again), np.asarray(greedy))
+    np.testing.assert_array_equal(np.asarray(naive_greedy(model, prompt, 6, text_pos(11))),
+                                  np.asarray(greedy))  # fmt: skip
+    resampled = generate.generate(model, prompt, max_new_tokens=6, temperature=1.0, seed=4)
+    np.testing.assert_array_equal(np.asarray(resampled), np.asarray(sampled))
+
+    def stop_at_the_second(items):
+        for item in items:
+            if item == 1:
+                raise KeyboardInterrupt
+            yield item
+
+    with pytest.raises(KeyboardInterrupt):
+        generate.generate(model, prompt, max_new_tokens=6, watch=stop_at_the_second)
+
+
 @pytest.mark.slow
 def test_greedy_generate_after_a_visual_prompt_end():
     prompt = PROMPTS["text-video"]

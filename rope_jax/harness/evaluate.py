@@ -347,7 +347,7 @@ def _score(run, params, config, step: int, *, seq_lens, split, splits, num_batch
     """The result of `evaluate_checkpoint`: every length on `split`, then every split."""
 
     def watch(what):  # setup.evaluate's wrapper of the batches, or None
-        return progress and functools.partial(progress.watch, what=what,
+        return progress and functools.partial(progress.watch, what=f"eval {what}",
                                               total=num_batches or None)  # fmt: skip
 
     result = {"step": int(step), "split": split, "train_seq_len": config.data.seq_len}
@@ -369,37 +369,42 @@ def _score(run, params, config, step: int, *, seq_lens, split, splits, num_batch
 
 
 class Progress:
-    """Progress lines of a long evaluation, on stderr (stdout holds eval.py's JSON):
+    """Progress lines of a long evaluation or continuation, on stderr (stdout holds
+    eval.py's JSON or text):
 
       eval step 1250, validation @1024: batch 12/40 in 0:00:09  ETA 0:00:21
+      generate step 1250: token 4,097/30,000 in 0:00:10  ETA 0:01:03
 
-    one every `every_s` seconds (0: after every batch), timed from the end of each
-    length's first batch (the one that compiles), so that an evaluation of a batch or
-    two prints none and the time left is the steady rate's. `check` runs before every
-    batch (`signals.StopAtOnce.check`: a signal Python dropped is raised there)."""
+    one every `every_s` seconds (0: after every item), timed from the end of the first
+    item (the one that compiles), so that a short job prints none and the time left is
+    the steady rate's. `check` runs before every item (`signals.StopAtOnce.check`: a
+    signal Python dropped is raised there)."""
 
     def __init__(self, every_s: float, check=lambda: None, clock=time.monotonic):
         self.every_s, self.check, self.clock = every_s, check, clock
 
-    def watch(self, batches, what: str, total: int | None = None):
-        """`batches`, passed through; the lines name `what` and count up to `total`."""
-        start, first, last = self.clock(), None, None
-        for done, batch in enumerate(batches, start=1):
+    def watch(self, items, what: str, total: int | None = None, *, unit: str = "batch",
+              per: int = 1, start: int = 0):  # fmt: skip
+        """`items`, passed through; the lines name `what` ("eval ..." or "generate ...")
+        and count `unit`s: `start + per` for each item done, up to `total` (the ETA's)."""
+        begin, first, last = self.clock(), None, None
+        for done, item in enumerate(items, start=1):
             self.check()
-            yield batch  # the caller scores it before asking for the next
+            yield item  # the caller uses it before asking for the next
             now = self.clock()
             if first is None:
                 first = last = now
             elif now - last >= self.every_s:
                 last = now
-                eta = None if not total else (total - done) * (now - first) / (done - 1)
-                console.note(progress_line(what, done, total, now - start, eta))
+                count = start + done * per if total is None else min(start + done * per, total)
+                eta = None if not total else (total - count) * (now - first) / (count - per - start)
+                console.note(progress_line(what, count, total, now - begin, eta, unit))
 
 
 def progress_line(what: str, done: int, total: int | None, seconds: float,
-                  eta: float | None) -> str:  # fmt: skip
-    """`eval <what>: batch <done>/<total> in <H:MM:SS>  ETA <H:MM:SS>` (no total: no ETA)."""
-    line = f"eval {what}: batch {done}{f'/{total}' if total else ''} in {console.hms(seconds)}"
+                  eta: float | None, unit: str = "batch") -> str:  # fmt: skip
+    """`<what>: <unit> <done>/<total> in <H:MM:SS>  ETA <H:MM:SS>` (no total: no ETA)."""
+    line = f"{what}: {unit} {done:,}{f'/{total:,}' if total else ''} in {console.hms(seconds)}"
     return line if eta is None or done == total else f"{line}  ETA {console.hms(eta)}"
 
 
@@ -463,12 +468,13 @@ def generate_text(
     temperature: float = 0.0,
     seed: int = 0,
     fallback: bool = False,
-    check=lambda: None,
+    progress: Progress | None = None,
 ) -> str:
     """Restores a checkpoint and returns `prompt` + its continuation, cut at the first EOS;
     text is encoded and decoded with the run's own tokenizer (<workdir>/tokenizer).
-    `check` runs before the text is printed (`signals.StopAtOnce.check`: a signal Python
-    dropped while it generated stops it there)."""
+    `progress` prints progress lines of a long continuation and checks for a signal
+    between its decoding calls and before the text is printed (`signals.StopAtOnce.check`:
+    a signal Python dropped while it generated stops it there)."""
     config = runfiles.load_config(workdir)
     tok = runfiles.load_tokenizer(workdir)
     if tok.vocab_size != config.model.vocab_size:
@@ -482,15 +488,20 @@ def generate_text(
         hostmem.check_generate(run, config, len(ids), max_new_tokens)
     step, state = restore(workdir, run, step, fallback)
     net = nnx.merge(run.graphdef, state["params"])
+    watch = progress and functools.partial(
+        progress.watch, what=f"generate step {step}", total=max_new_tokens, unit="token",
+        per=generate.CHUNK, start=1,
+    )  # fmt: skip
     new = generate.generate(
         net, np.asarray(ids, np.int32)[None], max_new_tokens=max_new_tokens,
-        temperature=temperature, seed=seed,
+        temperature=temperature, seed=seed, watch=watch,
     )[0]  # fmt: skip
     new = list(map(int, new))
     if tok.eos_id in new:
         new = new[: new.index(tok.eos_id)]
     text = prompt + tok.decode(new)
     logging.info("step %d: %d new tokens", step, len(new))
-    check()
+    if progress is not None:
+        progress.check()
     print(text)
     return text

@@ -29,6 +29,10 @@ from flax import nnx
 
 from rope_jax import layouts
 
+# Decoding steps per compiled call after the prefill: long continuations report progress
+# and stop on a signal between calls (one scan of M steps ran minutes without either).
+CHUNK = 32
+
 
 def generate(
     model,
@@ -41,6 +45,7 @@ def generate(
     patches=None,
     is_patch=None,
     next_position=None,
+    watch=None,
 ) -> jax.Array:
     """Continues each prompt by `max_new_tokens` tokens.
 
@@ -55,6 +60,9 @@ def generate(
       next_position: position of the first new token, a number or [B]; default T when
         positions is None, else the last prompt position + 1 (right after a text token).
         A prompt that ends with a patch needs it: `layouts.next_position(...)`.
+      watch: None, or a function of an iterable that yields its items (progress lines, a
+        check for a signal: `evaluate.Progress.watch`); it sees the `chunks(M)` decoding
+        calls, CHUNK tokens each, and may stop between them.
 
     Returns:
       int32 [B, M] new tokens.
@@ -82,59 +90,61 @@ def generate(
         next_position = jnp.max(positions[:, -1], axis=-1) + 1.0  # [B]
     next_position = jnp.broadcast_to(jnp.asarray(next_position, jnp.float32), (b,))
     graphdef, state = nnx.split(model)  # the weights go in as an argument, not out again
-    return _generate(
-        graphdef,
-        state,
-        prompt_tokens,
-        positions,
-        patches,
-        None if is_patch is None else jnp.asarray(is_patch, bool),
-        next_position,
-        jnp.asarray(temperature, jnp.float32),
-        jax.random.key(seed),
-        max_new_tokens=int(max_new_tokens),
-        greedy=temperature == 0,
-    )
+    greedy, temperature = temperature == 0, jnp.asarray(temperature, jnp.float32)
+    m, c = int(max_new_tokens), CHUNK
+    n = chunks(m)  # after the first token, which the prefill samples
+    keys = jax.random.split(jax.random.key(seed), m)  # token k samples with keys[k]
+    rest = jnp.concatenate([keys[1:], jnp.repeat(keys[:1], n * c - (m - 1), axis=0)])
+    cache, token = _prefill(graphdef, state, prompt_tokens, positions, patches,
+                            None if is_patch is None else jnp.asarray(is_patch, bool),
+                            temperature, keys[0], slots=t + 1 + n * c,
+                            greedy=greedy)  # fmt: skip
+    out = [token[:, None]]
+    for i in watch(range(n)) if watch else range(n):
+        starts = next_position + jnp.arange(i * c, (i + 1) * c, dtype=jnp.float32)[:, None]
+        keys_i = rest[i * c : (i + 1) * c]
+        cache, token, new = _decode(graphdef, state, cache, token, starts, keys_i, temperature,
+                                    greedy=greedy)  # fmt: skip
+        out.append(new.T)
+    return jnp.concatenate(out, axis=1)[:, :m]
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "greedy"))
-def _generate(
-    graphdef,
-    state,
-    tokens,
-    positions,
-    patches,
-    is_patch,
-    next_position,
-    temperature,
-    key,
-    *,
-    max_new_tokens: int,
-    greedy: bool,
-):
-    # jax.jit, not nnx.jit: nnx.jit would return the model's state, a second copy of every
-    # weight; decoding changes none of them
+def chunks(max_new_tokens: int) -> int:
+    """The compiled decoding calls `generate` makes after the prefill, CHUNK tokens each."""
+    return -(-(int(max_new_tokens) - 1) // CHUNK)
+
+
+def _sample(logits, key, temperature, greedy: bool):  # [B, V] -> [B]
+    if greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(key, logits / temperature, axis=-1).astype(jnp.int32)
+
+
+# jax.jit, not nnx.jit: nnx.jit would return the model's state, a second copy of every
+# weight; decoding changes none of them
+@functools.partial(jax.jit, static_argnames=("graphdef", "slots", "greedy"))
+def _prefill(graphdef, state, tokens, positions, patches, is_patch, temperature, key, *,
+             slots: int, greedy: bool):  # fmt: skip
+    """(cache of `slots` slots holding the prompt, the first new token [B])."""
     model = nnx.merge(graphdef, state)
-    b, t = tokens.shape
-    keys = jax.random.split(key, max_new_tokens)
-
-    def sample(logits, key):  # [B, V] -> [B]
-        if greedy:
-            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        return jax.random.categorical(key, logits / temperature, axis=-1).astype(jnp.int32)
-
-    cache = model.init_cache(b, t + max_new_tokens)
+    cache = model.init_cache(tokens.shape[0], slots)
     logits, cache = model.decode(tokens, positions, cache, patches=patches, is_patch=is_patch)
-    first = sample(logits[:, -1], keys[0])
+    return cache, _sample(logits[:, -1], key, temperature, greedy)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "greedy"), donate_argnums=(2,))
+def _decode(graphdef, state, cache, token, starts, keys, temperature, *, greedy: bool):
+    """One call of len(keys) decoding steps: (cache, the last token [B], new tokens [C, B]).
+    Step k feeds `token` at text position starts[k] ([B]) and samples with keys[k]."""
+    model = nnx.merge(graphdef, state)
 
     def step(carry, inputs):
         cache, token = carry
-        k, key = inputs
-        pos = layouts.text_positions(next_position + k, 1, model.num_axes, xp=jnp)  # [B, 1, A]
+        start, key = inputs
+        pos = layouts.text_positions(start, 1, model.num_axes, xp=jnp)  # [B, 1, A]
         logits, cache = model.decode(token[:, None], pos, cache)
-        token = sample(logits[:, -1], key)
+        token = _sample(logits[:, -1], key, temperature, greedy)
         return (cache, token), token
 
-    steps = (jnp.arange(max_new_tokens - 1, dtype=jnp.float32), keys[1:])
-    _, rest = jax.lax.scan(step, (cache, first), steps)  # [M - 1, B]
-    return jnp.concatenate([first[:, None], rest.T], axis=1)
+    (cache, token), new = jax.lax.scan(step, (cache, token), (starts, keys))
+    return cache, token, new
