@@ -476,3 +476,17 @@ def test_seed_in_a_set_value_becomes_each_runs_seed():
     flags = {run.seed: [f for f in run.flags if "init_from" in f] for run in runs}
     assert flags == {0: ["--config.train.init_from=runs/base/qk/seed_0"],
                      1: ["--config.train.init_from=runs/base/qk/seed_1"]}  # fmt: skip
+
+
+def test_the_eta_counts_the_steps_a_resumed_run_trained_not_whole_runs(tmp_path):
+    """A resumed run with 250 of 1250 steps left took 100 s: the runs after it need 1250
+    steps each at 0.4 s, not 100 s each."""
+    from rope_jax.experiments import launch
+
+    a, b, c = (str(tmp_path / name) for name in "abc")
+    os.makedirs(os.path.join(a, "checkpoints", "1000"))
+    eta = launch.Eta()
+    assert eta.left([(a, 1250), (b, 1250)]) == "n/a"  # nothing timed yet
+    eta.add(100.0, 1250 - 1000)
+    os.makedirs(os.path.join(a, "checkpoints", "1250"))
+    assert eta.left([(a, 1250), (b, 1250), (c, 1250), (b, 1250)]) == "0:16:40"  # b once

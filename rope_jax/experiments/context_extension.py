@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime
 import json
 import math
 import os
@@ -217,23 +216,22 @@ def run_all(cases: list[Case], meta: dict, workdir: str) -> None:
     env = dict(os.environ, **launch.cache_env(workdir))
     os.environ.update(launch.cache_env(workdir))  # this process's evaluations share it
     todo = [c for c in cases if not _done(c, meta)]
-    durations = []
+    eta = launch.Eta()
     for k, case in enumerate(cases, 1):
         head = f"[{k}/{len(cases)}] {case.row} seed={case.seed} {_label(case)}"
         if case not in todo:
             print(f"{head}  done, skipped", flush=True)
             continue
-        left = len(todo) - len(durations)
-        eta = "n/a" if not durations else datetime.timedelta(
-            seconds=round(sum(durations) / len(durations) * left))  # fmt: skip
-        print(f"{head}  {case.workdir}  ETA {eta}", flush=True)
-        start = time.time()
+        left = eta.left((c.workdir, c.final_step) for c in todo[todo.index(case) :])
+        print(f"{head}  {case.workdir}  ETA {left}", flush=True)
+        start, before = time.time(), launch.latest_checkpoint(case.workdir) or 0
         label = f"{case.row} seed={case.seed} {_label(case)}"
         launch.train_until(case.workdir, case.train_flags, case.final_step, env, label)
         _evaluate(case, meta)
-        durations.append(time.time() - start)
+        seconds = time.time() - start
+        eta.add(seconds, case.final_step - before)
         rec = _record(case)
-        print(f"    {_summary(rec)}  ({durations[-1]:.0f}s)", flush=True)
+        print(f"    {_summary(rec)}  ({seconds:.0f}s)", flush=True)
 
 
 def _summary(rec: dict) -> str:

@@ -130,24 +130,45 @@ def execute(run: Job, env: dict) -> None:
         raise SweepError(f"run row={run.row} seed={run.seed} failed: {e}; log: {log}") from None
 
 
+class Eta:
+    """The time runs have left, from the seconds per training step of those run in this
+    call: a resumed run counts only the steps it trained, so one that had little left
+    does not make the others look short (evaluation time is folded into the rate)."""
+
+    def __init__(self):
+        self.seconds, self.steps = 0.0, 0
+
+    def add(self, seconds: float, steps: int) -> None:
+        self.seconds, self.steps = self.seconds + seconds, self.steps + max(steps, 0)
+
+    def left(self, jobs) -> str:
+        """`H:MM:SS` for `jobs`, (workdir, final step) pairs (a workdir counted once), or
+        n/a before a step was timed."""
+        if not self.steps:
+            return "n/a"
+        todo = {w: max(final - (latest_checkpoint(w) or 0), 0) for w, final in jobs}
+        seconds = self.seconds / self.steps * sum(todo.values())
+        return str(datetime.timedelta(seconds=round(seconds)))
+
+
 def run_all(runs: list[Job], workdir: str) -> None:
     """Runs what is not done, in order, with progress and an ETA on stdout."""
     env = dict(os.environ, **cache_env(workdir))
-    left, durations = sum(status(r) != "done" for r in runs), []
+    eta = Eta()
     for k, run in enumerate(runs, 1):
         state, head = status(run), f"[{k}/{len(runs)}] row={run.row} seed={run.seed}"
         if state == "done":
             print(f"{head}  done, skipped", flush=True)
             continue
-        eta = sum(durations) / len(durations) * left if durations else None
-        eta = "n/a" if eta is None else datetime.timedelta(seconds=round(eta))
-        print(f"{head}  {state}  {run.workdir}  ETA {eta}", flush=True)
-        start = time.time()
+        left = eta.left((r.workdir, r.final_step) for r in runs[k - 1 :] if status(r) != "done")
+        print(f"{head}  {state}  {run.workdir}  ETA {left}", flush=True)
+        start, before = time.time(), latest_checkpoint(run.workdir) or 0
         execute(run, env)
-        durations.append(time.time() - start)
-        left, rec = left - 1, collect(run)
+        seconds = time.time() - start
+        eta.add(seconds, run.final_step - before)
+        rec = collect(run)
         train = f"train loss {rec['train_curve'][-1][1]:.4f}, " if rec["train_curve"] else ""
         evals = ", ".join(f"{rec['loss'][str(t)]:.4f} @{t}" for t in run.seq_lens)
         accs = ", ".join(f"{s} {rec['accuracy'][s]:.3f}" for s in run.splits)
         accs = f"; answer accuracy {accs}" if accs else ""
-        print(f"    {durations[-1]:.0f}s  {train}held-out loss {evals}{accs}", flush=True)
+        print(f"    {seconds:.0f}s  {train}held-out loss {evals}{accs}", flush=True)
