@@ -17,7 +17,10 @@ split at the training length: the held-out generalisation splits of multimodal d
 with answer accuracy overall and per task. An existing file made with other settings
 is never replaced unless --overwrite. The checkpoint is verified against its checksums.
 --data (and --data_dir) evaluate on another prepared dataset than training's, one with
-the run's tokenizer (checked first), e.g. one part of the training corpus.
+the run's tokenizer (checked first), e.g. one part of the training corpus. --data,
+--rope_scaling and --max_position_embeddings need --tag: eval_<step>.json is the run's
+own result, the one its sweep's table reads. A flag of the other mode (--seq_lens with
+--generate, --prompt without it) is refused, not ignored.
 With --generate it instead prints the prompt and its continuation (greedy, or sampled
 with --temperature > 0), decoded with a key/value cache, up to the first EOS.
 With --hf, a Hugging Face model directory is first imported into --workdir as a run at
@@ -46,6 +49,7 @@ from ml_collections import config_flags
 from rope_jax.harness import cli, console, distributed
 from rope_jax.harness.evaluate import (
     Progress,
+    check_tagged,
     evaluate_checkpoint,
     generate_text,
     parse_rope_scaling,
@@ -111,8 +115,11 @@ def main(argv):
     if not FLAGS.workdir:
         cli.fail("--workdir is required", cli.USAGE_ERROR)
     try:  # the flags absl cannot check: one line naming the flag, before anything starts
+        check_modes()
         parse_seq_lens(FLAGS.seq_lens)
         rope_scaling = parse_rope_scaling(FLAGS.rope_scaling)
+        check_tagged(FLAGS.tag, rope_scaling=rope_scaling, data=FLAGS.data,
+                     max_position_embeddings=FLAGS.max_position_embeddings)  # fmt: skip
     except ValueError as e:
         cli.fail(e, cli.USAGE_ERROR)
     distributed.start()  # several processes: before anything touches a device
@@ -128,6 +135,22 @@ def main(argv):
         if (line := cli.out_of_memory(e)) is None:
             raise
         cli.fail(f"{line} (no result file is written)")
+
+
+# flags one mode reads and the other would ignore
+EVALUATION_ONLY = ("seq_lens", "split", "splits", "num_batches", "tag", "overwrite", "data",
+                   "data_dir", "rope_scaling", "max_position_embeddings", "passkey")  # fmt: skip
+GENERATION_ONLY = ("prompt", "max_new_tokens", "temperature", "seed")
+
+
+def check_modes() -> None:
+    """A flag given for the other mode (evaluation or --generate) is a ValueError naming
+    it, not ignored."""
+    wrong = GENERATION_ONLY if not FLAGS.generate else EVALUATION_ONLY
+    given = [name for name in wrong if FLAGS[name].present]
+    if given:
+        mode = "--generate" if FLAGS.generate else "an evaluation (without --generate)"
+        raise ValueError(f"--{given[0]} is not read by {mode}")
 
 
 def _run(progress, rope_scaling):

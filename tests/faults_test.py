@@ -255,6 +255,12 @@ def commands(data_dir, trained, cache_env, tmp_path_factory):
                                "--config.model.rope.sties=qk"], never)  # fmt: skip
     cases["missing_config"] = (["train.py", "--config=configs/lmm.py:size=tiny",
                                 f"--workdir={never}"], never)  # fmt: skip
+    untagged = copy_run(trained, root, "untagged")
+    cases["untagged_scaling"] = (["eval.py", f"--workdir={untagged}", "--num_batches=1",
+                                  '--rope_scaling={"rope_type": "linear", "factor": 2}'],
+                                 untagged)  # fmt: skip
+    cases["generate_with_seq_lens"] = (["eval.py", f"--workdir={untagged}", "--generate",
+                                        "--seq_lens=64"], untagged)  # fmt: skip
     skipped = {}
     try:
         full = os.path.join(mounts.tmpfs(root / "disk", room_for_one_save(config)), "run")
@@ -1036,6 +1042,25 @@ def test_command_line_mistakes_are_one_line_with_a_suggestion(commands):
     assert not os.path.exists(commands["unknown_field"][3])  # nothing was created
 
 
+@pytest.mark.slow
+def test_an_evaluation_of_another_model_needs_a_tag_and_no_flag_is_ignored(commands):
+    """eval_<step>.json is the run's own result (a sweep's table reads it): --rope_scaling,
+    --max_position_embeddings or --data without --tag used to write it. A flag of the
+    other mode (--seq_lens with --generate) used to be ignored."""
+    assert commands["untagged_scaling"][0] == 2, commands["untagged_scaling"]
+    assert one_error_line(*commands["untagged_scaling"][:3]) == (
+        "error: --rope_scaling evaluates another model than the run's: add --tag=NAME (the "
+        "result goes to eval_<step>_NAME.json; eval_<step>.json stays the run's own, the one "
+        "its sweep's table reads)"
+    )
+    assert commands["generate_with_seq_lens"][0] == 2
+    assert one_error_line(*commands["generate_with_seq_lens"][:3]) == (
+        "error: --seq_lens is not read by --generate"
+    )
+    workdir = commands["untagged_scaling"][3]
+    assert not glob.glob(os.path.join(workdir, "eval_*"))  # nothing written
+
+
 # ----------------------------------------------------------- evaluations beside others
 
 
@@ -1399,3 +1424,13 @@ def test_the_first_build_of_a_shipped_corpus_is_one_line_of_ours(tmp_path, capsy
     )
     data.ensure_built(config)
     assert capsys.readouterr().out == ""
+
+
+def test_every_flag_that_evaluates_another_model_or_dataset_needs_a_tag():
+    for name, value, what in (("rope_scaling", {"rope_type": "linear", "factor": 2}, "model"),
+                              ("max_position_embeddings", 512, "model"),
+                              ("data", "python_stdlib", "dataset")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"^--{name} evaluates another {what} than the run's"):
+            eval_lib.check_tagged("", **{name: value})
+        eval_lib.check_tagged("x", **{name: value})
+        eval_lib.check_tagged("", **{name: None})

@@ -290,8 +290,12 @@ def evaluate_checkpoint(
     `progress` prints progress lines of the scoring and checks for a signal per batch.
 
     The file (`eval_path`) also records the settings and the code that scored it
-    (`provenance.describe`); the returned dict is the same without them.
+    (`provenance.describe`); the returned dict is the same without them. Another model
+    or dataset than the run's needs a `tag`: eval_<step>.json is the run's own result,
+    the one a sweep's table reads.
     """
+    check_tagged(tag, rope_scaling=rope_scaling, max_position_embeddings=max_position_embeddings,
+                 data=data_name)  # fmt: skip
     config = with_rope_scaling(runfiles.load_config(workdir), rope_scaling, max_position_embeddings)
     config = with_data(config, data_name, data_dir)
     settings = eval_settings(config, seq_lens=seq_lens, split=split, splits=splits,
@@ -415,6 +419,19 @@ def _live_note(live: dict | None) -> str:
         f" (train.py is running there, {workdir_lib.describe_holder(live)}: its newest "
         "complete checkpoint, pinned against rotation while it was read)"
     )
+
+
+def check_tagged(tag: str, **changes) -> None:
+    """A ValueError naming the first of `changes` (flag name -> value, None or "" when not
+    given) that evaluates another model or dataset than the run's without a `tag`."""
+    given = [name for name, value in changes.items() if value not in (None, "")]
+    if given and not tag:
+        flag = f"--{given[0]}"
+        raise ValueError(
+            f"{flag} evaluates {'another dataset' if given[0] == 'data' else 'another model'} "
+            f"than the run's: add --tag=NAME (the result goes to eval_<step>_NAME.json; "
+            "eval_<step>.json stays the run's own, the one its sweep's table reads)"
+        )
 
 
 def check_passkey(config, seq_lens, num_examples) -> None:
