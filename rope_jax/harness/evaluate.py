@@ -291,8 +291,7 @@ def evaluate_checkpoint(
 
     The file (`eval_path`) also records the settings and the code that scored it
     (`provenance.describe`); the returned dict is the same without them. Another model
-    or dataset than the run's needs a `tag`: eval_<step>.json is the run's own result,
-    the one a sweep's table reads.
+    or dataset than the run's needs a `tag` (`check_tagged`).
     """
     check_tagged(tag, rope_scaling=rope_scaling, max_position_embeddings=max_position_embeddings,
                  data=data_name)  # fmt: skip
