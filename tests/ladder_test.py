@@ -100,11 +100,15 @@ def test_what_a_ladder_cannot_use_is_one_line_before_anything_is_written(tmp_pat
     good.write_text(json.dumps(sweep({r: [v] for r, v in REFERENCE.items()})))
     out = f"--out={tmp_path / 'l'}"
     for argv, match in [
-        ([f"--sweeps={one}", out], rf"^error: --sweeps: {one} holds 1 of the rows compared"),
+        ([f"--sweeps={good},{one}", out], rf"^error: --sweeps: {one} holds 1 of the rows compared"),
         ([f"--sweeps={bad}", out], r"is not a sweep's results JSON \(Expecting value"),
         ([f"--sweeps={other}", out], r"is not a sweep's results JSON \(no rows, seq_lens\)$"),
         (["--sweeps=,", out], r"give one or more"),
         ([f"--sweeps={good}", f"--out={tmp_path / 'file' / 'l'}"], r"is not writable: Not a dir"),
+        ([f"--sweeps={good},{one},{good}", out], rf"^error: --sweeps lists {good} twice"),
+        ([f"--sweeps={good}", out, "--rows=a,zz,yy"],
+         r"^error: --rows: zz, yy in none of the sweeps \(their rows: a, b, c, nope\)$"),
+        ([f"--sweeps={good}", out, "--rows=a,"], r"^error: --rows=a,: a rung orders two or"),
     ]:  # fmt: skip
         with pytest.raises(SystemExit, match=match):
             ladder.main(["--rows=a,b,c,nope", *argv])

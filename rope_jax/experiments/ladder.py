@@ -113,9 +113,8 @@ def rung(report: dict, rows) -> dict:
             "growth": growth}  # fmt: skip
 
 
-def _rung(path: str, rows) -> dict:
-    """`rung` of the sweep at `path`; its problems name the file."""
-    report = load_results(path, "--sweeps")  # its errors name the flag and the file
+def _rung(path: str, report: dict, rows) -> dict:
+    """`rung` of the sweep `report` (read from `path`); its problems name the file."""
     try:
         return rung(report, rows)
     except ValueError as e:
@@ -218,8 +217,19 @@ def main(argv=None) -> None:
     try:
         if not paths:
             raise ValueError("--sweeps: give one or more sweep <results>.json files")
+        twice = [s for s in dict.fromkeys(paths) if paths.count(s) > 1]
+        if twice:
+            raise ValueError(f"--sweeps lists {twice[0]} twice: each rung is one sweep")
+        if len(rows) < 2:
+            raise ValueError(f"--rows={args.rows}: a rung orders two or more rows")
         check_out(args.out)
-        rungs = [_rung(s, rows) for s in paths]
+        reports = [load_results(s, "--sweeps") for s in paths]  # its errors name the file
+        unknown = [r for r in rows if not any(r in report["rows"] for report in reports)]
+        if unknown:
+            there = sorted({r for report in reports for r in report["rows"]})
+            raise ValueError(f"--rows: {', '.join(unknown)} in none of the sweeps (their "
+                             f"rows: {', '.join(there)})")  # fmt: skip
+        rungs = [_rung(s, report, rows) for s, report in zip(paths, reports, strict=True)]
     except ValueError as e:
         sys.exit(f"error: {e}")
     command = "python -m rope_jax.experiments.ladder " + " ".join(argv)
