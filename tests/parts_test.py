@@ -71,8 +71,15 @@ def test_what_would_stop_it_is_one_line_before_anything_runs(sweep, tmp_path):
     out = f"--out={tmp_path / 'parts'}"
     with pytest.raises(SystemExit, match="no prepared dataset docs in"):
         parts.main([f"--sweep={path}", "--data=code,docs", f"--data_dir={data_dir}", out])
-    with pytest.raises(SystemExit, match="not a comma-separated list"):
-        parts.main([f"--sweep={path}", "--data=code", "--seq_lens=8,x", out])
+    for flags, match in (
+        (["--data=code", "--seq_lens=8,x"], r"^error: --seq_lens=8,x: give positive integers"),
+        (["--data=code", "--seq_lens=8,0"], r"^error: --seq_lens=8,0: give positive integers"),
+        (["--data=code,docs,code"], r"^error: --data lists code twice$"),
+        (["--data=,"], r"^error: --data=,: give one or more prepared dataset names$"),
+        (["--data=code", "--num_batches=-1"], r"^error: --num_batches=-1 must be >= 0"),
+    ):  # checked before the datasets (there are none in /nonexistent)
+        with pytest.raises(SystemExit, match=match):
+            parts.main([f"--sweep={path}", *flags, "--data_dir=/nonexistent", out])
     with pytest.raises(SystemExit, match="no file"):
         parts.main([f"--sweep={tmp_path / 'none.json'}", "--data=code", out])
     (tmp_path / "file").write_text("")

@@ -40,7 +40,7 @@ from rope_jax.experiments.report import (
 
 def parse_args(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m rope_jax.experiments.parts",
-                                description=__doc__.split("\n")[0])  # fmt: skip
+                                description=" ".join(__doc__.split("\n\n")[0].split()))  # fmt: skip
     p.add_argument("--sweep", required=True, help="a sweep's <results>.json")
     p.add_argument("--data", required=True, help="comma-separated prepared dataset names")
     p.add_argument("--data_dir", default=None, help="their parent directory (default: the runs')")
@@ -54,6 +54,20 @@ def runs_of(report: dict) -> list[dict]:
     """[{row, seed, workdir, step}] of every run in a sweep report."""
     return [{"row": row, "seed": run["seed"], "workdir": run["workdir"], "step": run["step"]}
             for row, entry in report["rows"].items() for run in entry["runs"]]  # fmt: skip
+
+
+def check_flags(args, names: list[str], lengths: list[int]) -> str | None:
+    """One line naming a flag that cannot be used, or None."""
+    if not names:
+        return f"--data={args.data}: give one or more prepared dataset names"
+    twice = [n for n in dict.fromkeys(names) if names.count(n) > 1]
+    if twice:
+        return f"--data lists {twice[0]} twice"
+    if min(lengths) <= 0:
+        return f"--seq_lens={args.seq_lens}: give positive integers, e.g. 256,1024"
+    if args.num_batches is not None and args.num_batches < 0:
+        return f"--num_batches={args.num_batches} must be >= 0 (0: the whole split)"
+    return None
 
 
 def problem(report: dict, names: list[str], data_dir: str | None) -> str | None:
@@ -164,8 +178,8 @@ def main(argv=None) -> None:
     try:
         lengths = [int(n) for n in args.seq_lens.split(",") if n] or [t, 4 * t]
     except ValueError:
-        sys.exit(f"error: --seq_lens={args.seq_lens} is not a comma-separated list of integers")
-    why = problem(report, names, args.data_dir)
+        lengths = [0]
+    why = check_flags(args, names, lengths) or problem(report, names, args.data_dir)
     if why:
         sys.exit(f"error: {why}")
     runs = runs_of(report)
