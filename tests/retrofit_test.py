@@ -53,3 +53,11 @@ def test_a_missing_sweep_is_one_line(tmp_path):
                           capture_output=True, text=True)  # fmt: skip
     assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1
     assert "error: --scratch: no file " in proc.stderr
+
+
+def test_the_scratch_sweep_given_as_the_continued_one_is_one_line(tmp_path):
+    (tmp_path / "s.json").write_text(json.dumps(SCRATCH))
+    with pytest.raises(SystemExit, match=r"^error: --retrofit=.*/s.json is the --scratch sweep"):
+        retrofit.main([f"--scratch={tmp_path / 's.json'}", f"--retrofit={tmp_path / 's.json'}",
+                       f"--out={tmp_path / 'r'}"])  # fmt: skip
+    assert not (tmp_path / "r.md").exists()

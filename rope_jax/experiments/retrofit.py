@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
 import numpy as np
@@ -159,6 +160,9 @@ def main(argv=None) -> None:
     try:
         scratch, retrofit = (load_results(path, flag) for path, flag in (
             (args.scratch, "--scratch"), (args.retrofit, "--retrofit")))  # fmt: skip
+        if os.path.realpath(args.scratch) == os.path.realpath(args.retrofit):
+            raise ValueError(f"--retrofit={args.retrofit} is the --scratch sweep: give the "
+                             "sweep continued from its qk runs")  # fmt: skip
         check_out(args.out)
     except ValueError as e:
         sys.exit(f"error: {e} (the sweeps are in this module's doc)")
