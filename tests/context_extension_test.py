@@ -59,6 +59,9 @@ def test_plan_lists_each_base_evaluation_and_fine_tune(tmp_path):
         (["--seeds=0"], "--seeds=0 must be >= 1"),
         (["--set=data.seq_len=32"], "at least"),
         (["--set=model.rope.basee=5"], "no config field 'model.rope.basee'"),
+        (["--rows=qk,vo,qk"], "--rows lists qk twice"),
+        (["--rules=yarn,yarn"], "--rules lists yarn twice"),
+        (["--finetune_lr=0"], r"fine-tuned under .*: optim.lr=0.0 must be > 0"),  # after the base
     ],
 )
 def test_bad_requests_fail_before_anything_runs(tmp_path, extra, message):

@@ -128,6 +128,9 @@ def _names(text: str, known, flag: str) -> list[str]:
     if unknown or not names:
         raise plan.SweepError(f"{flag}: unknown {', '.join(unknown) or '(none given)'}; "
                               f"known: {', '.join(known)}")  # fmt: skip
+    twice = [n for n in dict.fromkeys(names) if names.count(n) > 1]
+    if twice:
+        raise plan.SweepError(f"{flag} lists {twice[0]} twice")
     return names
 
 
@@ -178,6 +181,8 @@ def make_plan(args) -> tuple[list[Case], dict]:
                                   int(config.train.num_steps), scaling, rule))  # fmt: skip
                 ft_dir = os.path.join(root, f"finetune_{rule}")
                 ft = {**overrides, **_finetune(scaling, args, t, base_dir)}
+                if seed == 0:  # a fine-tune that cannot run fails now, not after the base
+                    _check(base, ft, f"row {row} fine-tuned under {rule}")
                 cases.append(Case(row, seed, rule, True, ft_dir,
                                   (*head, f"--workdir={ft_dir}", *_flags(ft)),
                                   args.finetune_steps, None, ""))  # fmt: skip
@@ -194,6 +199,18 @@ def make_plan(args) -> tuple[list[Case], dict]:
 
 def _flags(overrides: dict) -> tuple:
     return tuple(f"--config.{k}={plan.flag_value(v)}" for k, v in overrides.items())
+
+
+def _check(base, overrides: dict, what: str) -> None:
+    """SweepError naming `what` if `base` with `overrides` is not a valid run config."""
+    from rope_jax.harness import checks
+
+    config = base.copy_and_resolve_references()
+    plan.apply(config, overrides, what)
+    try:
+        checks.resolve(config)
+    except ValueError as e:
+        raise plan.SweepError(f"{what}: {e}") from None
 
 
 def _finetune(scaling: dict | None, args, train_len: int, base_dir: str) -> dict:
