@@ -196,7 +196,8 @@ NO_SWEEP = "from configs.lm import get_config  # noqa: F401\n"
 @pytest.mark.parametrize(
     "extra,match",
     [
-        (["--rows=vo,bogus"], "unknown row(s) bogus; known rows: nope, q, k, v, o, qk, vo"),
+        (["--rows=vo,bogus"], "unknown bogus; known: nope, q, k, v, o, qk, vo"),
+        (["--rows=vo,qk,vo"], "--rows lists vo twice"),
         (["--set", "model.num_layer=1"], "did you mean model.num_layers"),
         (["--set", "train.num_steps=ten"], "train.num_steps=ten"),
         (["--set", "model.rope.sites=q"], "set per run by nope, q, k"),
@@ -236,7 +237,7 @@ def test_the_command_line_exits_non_zero_with_one_line(tmp_path):
            f"--workdir={tmp_path}/runs", "--rows=nope,typo"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode != 0 and proc.stdout == ""
-    assert proc.stderr.strip().count("\n") == 0 and "unknown row(s) typo" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "--rows: unknown typo" in proc.stderr
 
 
 @pytest.mark.slow

@@ -122,21 +122,9 @@ def parse_args(argv) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _names(text: str, known, flag: str) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in known]
-    if unknown or not names:
-        raise plan.SweepError(f"{flag}: unknown {', '.join(unknown) or '(none given)'}; "
-                              f"known: {', '.join(known)}")  # fmt: skip
-    twice = [n for n in dict.fromkeys(names) if names.count(n) > 1]
-    if twice:
-        raise plan.SweepError(f"{flag} lists {twice[0]} twice")
-    return names
-
-
 def make_plan(args) -> tuple[list[Case], dict]:
     """Checks everything a user can get wrong, then lists the cases; runs nothing."""
-    rows, rules = _names(args.rows, ROWS, "--rows"), _names(args.rules, RULES, "--rules")
+    rows, rules = plan.pick(args.rows, ROWS, "--rows"), plan.pick(args.rules, RULES, "--rules")
     for name, value in (("--seeds", args.seeds), ("--finetune_steps", args.finetune_steps),
                         ("--num_batches", args.num_batches)):  # fmt: skip
         if value < 1:

@@ -143,17 +143,26 @@ def load_rows(path: str, arg: str):
     return module, base, rows
 
 
+def pick(text: str, known, flag: str) -> list[str]:
+    """The comma-separated names in `text`, in order; a SweepError naming `flag` for a name
+    not in `known`, none at all, or one listed twice."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise SweepError(f"{flag}: unknown {', '.join(unknown) or '(none given)'}; "
+                         f"known: {', '.join(known)}")  # fmt: skip
+    twice = [n for n in dict.fromkeys(names) if names.count(n) > 1]
+    if twice:
+        raise SweepError(f"{flag} lists {twice[0]} twice")
+    return names
+
+
 def plan(args) -> tuple[list[Job], dict]:
     """Checks everything a user can get wrong, then lists the runs; runs nothing."""
     path, _, arg = args.config.partition(":")
     module, base, rows = load_rows(path, arg)
     if args.rows:
-        wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
-        unknown = [r for r in wanted if r not in rows]
-        if unknown:
-            raise SweepError(f"--rows: unknown row(s) {', '.join(unknown)}; "
-                             f"known rows: {', '.join(rows)}")  # fmt: skip
-        rows = {r: rows[r] for r in wanted}
+        rows = {r: rows[r] for r in pick(args.rows, rows, "--rows")}
     sets, fields, types = {}, leaves(base), field_types(base)
     for key, text in split_sets(args.set):
         try:  # an unknown key stays text here; apply() below names it

@@ -56,11 +56,7 @@ def parse_args(argv) -> argparse.Namespace:
 
 def make_plan(args) -> dict:
     """{"text": [(workdir, flags, steps)], "runs": [(row, init, seed, workdir, flags, steps)]}."""
-    rows = [r.strip() for r in args.rows.split(",") if r.strip()]
-    unknown = [r for r in rows if r not in LAYOUTS]
-    if unknown or not rows:
-        raise plan.SweepError(f"--rows: unknown {', '.join(unknown) or '(none given)'}; "
-                              f"known: {', '.join(LAYOUTS)}")  # fmt: skip
+    rows = plan.pick(args.rows, LAYOUTS, "--rows")
     for name in ("seeds", "layers", "text_steps", "steps", "eval_every", "text_batches"):
         if getattr(args, name) < 1:
             raise plan.SweepError(f"--{name}={getattr(args, name)} must be >= 1")
