@@ -470,7 +470,7 @@ def test_a_model_trained_with_linear_scaling_evaluates_under_its_own_and_another
     assert all(np.isfinite(result[k]["loss"]) for k in ("32", "64"))
 
     yarn = {"rope_type": "yarn", "factor": 2.0}
-    with pytest.raises(ValueError, match="exists and was made with other settings"):
+    with pytest.raises(ValueError, match="--rope_scaling evaluates another model .* --tag"):
         eval_lib.evaluate_checkpoint(workdir, seq_lens=[32, 64], num_batches=1, rope_scaling=yarn)
     other = eval_lib.evaluate_checkpoint(
         workdir, seq_lens=[32, 64], num_batches=1, tag="yarn", rope_scaling=yarn,
