@@ -491,3 +491,19 @@ def test_the_eta_counts_the_steps_a_resumed_run_trained_not_whole_runs(tmp_path)
     eta.add(100.0, 1250 - 1000)
     os.makedirs(os.path.join(a, "checkpoints", "1250"))
     assert eta.left([(a, 1250), (b, 1250), (c, 1250), (b, 1250)]) == "0:16:40"  # b once
+
+
+def test_a_long_run_echoes_its_newest_progress_line_once_each_time_it_changes(tmp_path, capsys):
+    """The sweep prints nothing of its own while a run trains (an hour at the L8 rung):
+    every `heartbeat_s` it echoes the newest `step ...` line of the run's log if new."""
+    from rope_jax.experiments import launch
+
+    child = ("import time; print('step 1/2  loss 1.0', flush=True); time.sleep(2); "
+             "print('step 2/2  loss 0.5', flush=True); time.sleep(2)")  # fmt: skip
+    log = str(tmp_path / "train.log")
+    launch.launch([sys.executable, "-c", child], log, dict(os.environ), heartbeat_s=0.3)
+    assert capsys.readouterr().out.splitlines() == [
+        "    step 1/2  loss 1.0",
+        "    step 2/2  loss 0.5",
+    ]
+    assert launch.last_progress_line(str(tmp_path / "none.log")) is None

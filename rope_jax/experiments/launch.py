@@ -57,22 +57,46 @@ def start(cmd: list, **kwargs) -> subprocess.Popen:
                                 preexec_fn=_end_with_parent(_prctl()), **kwargs)  # fmt: skip
 
 
-def launch(cmd: list, log_path: str, env: dict) -> None:
-    """Runs `cmd` from the repo root into `log_path`. Ctrl-C reaches only the sweep (the
-    child is in a new process group), which sends SIGTERM: train.py saves a checkpoint.
-    If the sweep is killed outright the child gets SIGTERM too (`_end_with_parent`)."""
+HEARTBEAT_S = 300.0  # how often a long run's newest progress line is echoed
+
+
+def launch(cmd: list, log_path: str, env: dict, heartbeat_s: float = HEARTBEAT_S) -> None:
+    """Runs `cmd` from the repo root into `log_path`, echoing the log's newest `step ...`
+    progress line every `heartbeat_s` seconds (indented) when it has changed. Ctrl-C
+    reaches only the sweep (the child is in a new process group), which sends SIGTERM:
+    train.py saves a checkpoint. If the sweep is killed outright the child gets SIGTERM
+    too (`_end_with_parent`)."""
     with open(log_path, "a") as log:
         log.write(f"\n=== {datetime.datetime.now():%Y-%m-%d %H:%M:%S} {shlex.join(cmd)}\n")
         log.flush()
-        proc = start(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc, shown = start(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env), None
         try:
-            rc = proc.wait()
+            while True:
+                try:
+                    rc = proc.wait(timeout=heartbeat_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    line = last_progress_line(log_path)
+                    if line and line != shown:
+                        print(f"    {line}", flush=True)
+                        shown = line
         except KeyboardInterrupt:
             proc.send_signal(signal.SIGTERM)
             proc.wait()
             raise
     if rc != 0:
         raise SweepError(f"{cmd[1]} exited with status {rc}")
+
+
+def last_progress_line(log_path: str) -> str | None:
+    """The newest line of train.py's log that starts with `step ` (its progress), or None."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(os.fstat(f.fileno()).st_size - 8192, 0))
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    return next((x.strip() for x in reversed(lines) if x.startswith("step ")), None)
 
 
 def train_command(run: Job, python: str = sys.executable) -> list[str]:
