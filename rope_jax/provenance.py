@@ -19,7 +19,8 @@ None and the package's version stands in, unless the tree was stamped before it 
 copied: `python -m rope_jax.provenance --stamp` writes CODE_VERSION.json beside the
 package (the commit, and a digest of every tracked Python file), and a tree without git
 that holds it reports that commit, "(stamped)", with "+ uncommitted changes" when its
-Python files no longer match the digest.
+Python files no longer match the digest. A copy whose .git travelled from an older state
+(its HEAD is not the code in the tree) reports the stamp too, when the files match it.
 """
 
 from __future__ import annotations
@@ -73,11 +74,17 @@ def _code_version() -> dict:
     if commit:
         diff = _git("status", "--porcelain", "--untracked-files=no", "--", "*.py")
         changed = None if diff is None else bool(diff)
-    elif (stamped := _read_stamp()) is not None:  # a copied tree, stamped before the copy
+    if commit and changed is False:
+        return {"commit": commit, "changed": False, "rope_jax": __version__}
+    # a copied tree, stamped before the copy: without git, or with a .git that travelled
+    # from an older state (its HEAD is not the code here: "changed" against it), the
+    # stamp names the code when the files still match it
+    if (stamped := _read_stamp()) is not None:
         files = stamped["files"]
-        changed = bool(stamped["changed"]) or _digest(files) != stamped["digest"]
-        return {"commit": stamped["commit"], "changed": changed, "rope_jax": __version__,
-                "stamped": True}  # fmt: skip
+        moved = bool(stamped["changed"]) or _digest(files) != stamped["digest"]
+        if not commit or not moved:
+            return {"commit": stamped["commit"], "changed": moved, "rope_jax": __version__,
+                    "stamped": True}  # fmt: skip
     return {"commit": commit, "changed": changed, "rope_jax": __version__}
 
 

@@ -122,3 +122,24 @@ def test_a_copied_tree_without_git_reports_the_commit_it_was_stamped_with(tmp_pa
     assert provenance.describe(_version()) == f"{head[:7]} (stamped) + uncommitted changes"
     with pytest.raises(ValueError, match="is not a git checkout: nothing to stamp"):
         provenance.stamp()  # a stamp is made from git, not from another stamp
+
+
+def test_a_copy_whose_git_is_older_than_its_files_reports_the_stamp(tmp_path, checkout,
+                                                                    monkeypatch):  # fmt: skip
+    """A copied tree can carry a .git from an older state (a GPU host's copy): its HEAD
+    with "uncommitted changes" would name the wrong code; the matching stamp names it."""
+    old = _git(checkout, "rev-parse", "HEAD")
+    copied = tmp_path / "copied"
+    subprocess.run(["cp", "-r", str(checkout), str(copied)], check=True)  # .git at `old`
+    (checkout / "pkg" / "a.py").write_text("x = 4\n")
+    _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "second")
+    new = _git(checkout, "rev-parse", "HEAD")
+    provenance.stamp()
+    for name in ("pkg/a.py", provenance.STAMP):  # the files travel, the .git stays old
+        (copied / name).write_bytes((checkout / name).read_bytes())
+    monkeypatch.setattr(provenance, "_ROOT", str(copied))
+    assert provenance.describe(_version()) == f"{new[:7]} (stamped)"
+    (copied / "pkg" / "a.py").write_text("x = 5\n")  # matches neither: git's view stands
+    assert provenance.describe(_version()) == f"{old[:7]} + uncommitted changes"
+    monkeypatch.setattr(provenance, "_ROOT", str(checkout))
+    assert provenance.describe(_version()) == new[:7]  # a clean checkout: git, stamp or not
