@@ -120,3 +120,14 @@ def test_a_rung_without_nope_or_article_losses_shows_dashes():
     rung = ladder.rung(report, ["a", "b"])
     assert rung["tau"] is None and rung["nope_rank"] is None
     assert "| 1 | — | — (one seed) | — | — |" in ladder.render([rung], "cmd")
+
+
+def test_a_rung_cut_short_shows_dashes_for_its_missing_rows_whichever_comes_first():
+    full = ladder.rung(sweep({r: [v] for r, v in REFERENCE.items()}, layers=2), list(REFERENCE))
+    short = ladder.rung(sweep({"a": [1.0], "nope": [0.5]}, layers=4), list(REFERENCE))
+    for rungs in ([short, full], [full, short]):  # a short first rung used to drop rows
+        md = ladder.render(rungs, "cmd")
+        assert md.count("| c (3) |") == 1 and (
+            "| c (3) | — | 3 |" in md or "| c (3) | 3 | — |" in md
+        )
+        assert "| nope | 0.500 | 1.500 |" in md

@@ -121,9 +121,15 @@ def _rung(path: str, report: dict, rows) -> dict:
         raise ValueError(f"--sweeps: {path} {e}") from None
 
 
+def all_rows(rungs: list[dict]) -> list[str]:
+    """Every row of any rung, in the order they were asked for."""
+    return list(dict.fromkeys(r for g in rungs for r in g["rows"]))
+
+
 def render(rungs: list[dict], command: str) -> str:
-    """The ladder's page: one line per rung, then ranks and losses per row per rung."""
-    rows = rungs[0]["rows"]
+    """The ladder's page: one line per rung, then ranks and losses per row per rung (a
+    rung without a row, e.g. one cut short, shows a dash)."""
+    rows = all_rows(rungs)
     out = ["# The VO-RoPE site ablation up a ladder of scale", "", f"Command: `{command}`", "",
            "Kendall tau of our order at T against the reference table, with a 95% bootstrap "
            "interval over seeds; NoPE's rank (1 = best).", "",
@@ -138,7 +144,7 @@ def render(rungs: list[dict], command: str) -> str:
         tau = "—" if g["tau"] is None else f"{g['tau']:.3f}"  # no article losses to order
         out.append(f"| {g['label']} | {g.get('device') or '—'} | {g['seeds']} | "
                    f"{tau} | {ci} | {p} | {nope} |")  # fmt: skip
-    ref = rungs[0]["reference_ranks"]
+    ref = max(rungs, key=lambda g: len(g["rows"]))["reference_ranks"]  # of the most rows
     out += ["", "Rank of each row at T per rung (reference rank in brackets):", "",
             "| row | " + " | ".join(g["label"] for g in rungs) + " |",
             "|---|" + "---|" * len(rungs)]  # fmt: skip
@@ -164,7 +170,7 @@ def render(rungs: list[dict], command: str) -> str:
                 "| row | " + " | ".join(f"@{t}" for t in lens)
                 + (f" | bits/byte @{lens[0]}" if bpb else "") + " |",
                 "|---|" + "---|" * (len(lens) + bool(bpb))]  # fmt: skip
-        for r in sorted(rows, key=lambda r: g["ranks"].get(r, 99)):
+        for r in sorted(g["rows"], key=lambda r: g["ranks"].get(r, 99)):
             cells = [plus_minus(g["stats"][t][r]) for t in lens]
             cells += [plus_minus(bpb[r]) if bpb.get(r) else "—"] if bpb else []
             out.append(f"| {r} | " + " | ".join(cells) + " |")
@@ -192,8 +198,9 @@ def plot(rungs: list[dict], path: str) -> None:
     left.axhline(0, color="0.7", lw=0.8)
     left.set(xticks=x, ylabel="Kendall tau vs reference", ylim=(-1, 1), title="agreement")
     left.set_xticklabels([g["label"] for g in rungs], rotation=15, fontsize=8)
-    colours = plt.get_cmap("tab20")(np.linspace(0, 1, max(len(rungs[0]["rows"]), 2)))
-    for colour, r in zip(colours, rungs[0]["rows"], strict=False):
+    rows = all_rows(rungs)
+    colours = plt.get_cmap("tab20")(np.linspace(0, 1, max(len(rows), 2)))
+    for colour, r in zip(colours, rows, strict=False):
         right.plot(x, [g["ranks"].get(r, np.nan) for g in rungs], "o-", color=colour, label=r)
     right.set(xticks=x, ylabel="rank at T (1 = best)", title="rank of each row")
     right.set_xticklabels([g["label"] for g in rungs], rotation=15, fontsize=8)
