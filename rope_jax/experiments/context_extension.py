@@ -141,8 +141,7 @@ def make_plan(args) -> tuple[list[Case], dict]:
         except ValueError as e:
             raise plan.SweepError(f"--set {key}={text}: {e}") from None
     plan.apply(base, sets, "--set")
-    from rope_jax.data import passkey  # imports numpy only; jax below
-    from rope_jax.harness import checks
+    from rope_jax.data import passkey  # imports numpy only; jax in `_check`
 
     t = int(base.data.seq_len)
     lengths = [t * m for m in MULTIPLES]
@@ -152,12 +151,7 @@ def make_plan(args) -> tuple[list[Case], dict]:
     cases = []
     for row in rows:
         overrides = {**sets, **ROWS[row]}
-        config = base.copy_and_resolve_references()
-        plan.apply(config, ROWS[row], f"row {row}")
-        try:
-            checks.resolve(config)
-        except ValueError as e:
-            raise plan.SweepError(f"row {row}: {e}") from None
+        config = _check(base, ROWS[row], f"row {row}")
         for seed in range(args.seeds):
             root = os.path.abspath(os.path.join(args.workdir, row, f"seed_{seed}"))
             head = (f"--config={config_arg}", f"--config.seed={seed}")
@@ -189,14 +183,15 @@ def _flags(overrides: dict) -> tuple:
     return tuple(f"--config.{k}={plan.flag_value(v)}" for k, v in overrides.items())
 
 
-def _check(base, overrides: dict, what: str) -> None:
-    """SweepError naming `what` if `base` with `overrides` is not a valid run config."""
+def _check(base, overrides: dict, what: str):
+    """`base` with `overrides`, resolved (`checks.resolve`); a SweepError naming `what`
+    if that is not a valid run config."""
     from rope_jax.harness import checks
 
     config = base.copy_and_resolve_references()
     plan.apply(config, overrides, what)
     try:
-        checks.resolve(config)
+        return checks.resolve(config)
     except ValueError as e:
         raise plan.SweepError(f"{what}: {e}") from None
 

@@ -23,6 +23,7 @@ import sys
 import numpy as np
 
 from rope_jax import signals
+from rope_jax.experiments.plan import repeated
 from rope_jax.experiments.report import (
     check_out,
     kendall,
@@ -224,9 +225,8 @@ def main(argv=None) -> None:
     try:
         if not paths:
             raise ValueError("--sweeps: give one or more sweep <results>.json files")
-        twice = [s for s in dict.fromkeys(paths) if paths.count(s) > 1]
-        if twice:
-            raise ValueError(f"--sweeps lists {twice[0]} twice: each rung is one sweep")
+        if (twice := repeated(paths)) is not None:
+            raise ValueError(f"--sweeps lists {twice} twice: each rung is one sweep")
         if len(rows) < 2:
             raise ValueError(f"--rows={args.rows}: a rung orders two or more rows")
         check_out(args.out)

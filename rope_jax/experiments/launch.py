@@ -184,7 +184,7 @@ def run_all(runs: list[Job], workdir: str) -> None:
         if state == "done":
             print(f"{head}  done, skipped", flush=True)
             continue
-        left = eta.left((r.workdir, r.final_step) for r in runs[k - 1 :] if status(r) != "done")
+        left = eta.left((r.workdir, r.final_step) for r in runs[k - 1 :])  # done ones: 0
         print(f"{head}  {state}  {run.workdir}  ETA {left}", flush=True)
         start, before = time.time(), latest_checkpoint(run.workdir) or 0
         execute(run, env)

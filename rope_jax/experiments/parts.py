@@ -26,6 +26,7 @@ import sys
 import time
 
 from rope_jax import signals
+from rope_jax.experiments.plan import repeated
 from rope_jax.experiments.report import (
     check_out,
     evaluated,
@@ -60,9 +61,8 @@ def check_flags(args, names: list[str], lengths: list[int]) -> str | None:
     """One line naming a flag that cannot be used, or None."""
     if not names:
         return f"--data={args.data}: give one or more prepared dataset names"
-    twice = [n for n in dict.fromkeys(names) if names.count(n) > 1]
-    if twice:
-        return f"--data lists {twice[0]} twice"
+    if (twice := repeated(names)) is not None:
+        return f"--data lists {twice} twice"
     if min(lengths) <= 0:
         return f"--seq_lens={args.seq_lens}: give positive integers, e.g. 256,1024"
     if args.num_batches is not None and args.num_batches < 0:

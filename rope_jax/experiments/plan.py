@@ -151,10 +151,14 @@ def pick(text: str, known, flag: str) -> list[str]:
     if unknown or not names:
         raise SweepError(f"{flag}: unknown {', '.join(unknown) or '(none given)'}; "
                          f"known: {', '.join(known)}")  # fmt: skip
-    twice = [n for n in dict.fromkeys(names) if names.count(n) > 1]
-    if twice:
-        raise SweepError(f"{flag} lists {twice[0]} twice")
+    if (twice := repeated(names)) is not None:
+        raise SweepError(f"{flag} lists {twice} twice")
     return names
+
+
+def repeated(names: list[str]) -> str | None:
+    """The first name listed more than once, or None."""
+    return next((n for n in dict.fromkeys(names) if names.count(n) > 1), None)
 
 
 def plan(args) -> tuple[list[Job], dict]:
