@@ -22,7 +22,8 @@ the run's tokenizer (checked first), e.g. one part of the training corpus. --dat
 own result, the one its sweep's table reads. A flag of the other mode (--seq_lens with
 --generate, --prompt without it) is refused, not ignored.
 With --generate it instead prints the prompt and its continuation (greedy, or sampled
-with --temperature > 0), decoded with a key/value cache, up to the first EOS.
+with --temperature > 0), decoded with a key/value cache, up to the first EOS; under
+--rope_scaling a continuation past the training length decodes with that rule.
 With --hf, a Hugging Face model directory is first imported into --workdir as a run at
 step 0 (once; `rope_jax.hf`, docs/hf.md), whose data, eval and mesh sections come from
 --config (default configs/lm.py) and whose tokenizer is the model's tokenizer.json.
@@ -79,12 +80,13 @@ def define_flags():
         "rope_scaling",
         None,
         "JSON object replacing model.rope.scaling for "
-        'this evaluation, e.g. \'{"rope_type": "yarn", "factor": 4}\'; use with --tag.',
+        'this evaluation or continuation, e.g. \'{"rope_type": "yarn", "factor": 4}\'; '
+        "an evaluation needs --tag.",
     )
     flags.DEFINE_integer(
         "max_position_embeddings",
         None,
-        "Replaces model.rope.max_position_embeddings for this evaluation.",
+        "Replaces model.rope.max_position_embeddings for this evaluation or continuation.",
         lower_bound=1,
     )
     flags.DEFINE_integer(
@@ -118,8 +120,9 @@ def main(argv):
         check_modes()
         parse_seq_lens(FLAGS.seq_lens)
         rope_scaling = parse_rope_scaling(FLAGS.rope_scaling)
-        check_tagged(FLAGS.tag, rope_scaling=rope_scaling, data=FLAGS.data,
-                     max_position_embeddings=FLAGS.max_position_embeddings)  # fmt: skip
+        if not FLAGS.generate:  # a continuation is printed, no result file written
+            check_tagged(FLAGS.tag, rope_scaling=rope_scaling, data=FLAGS.data,
+                         max_position_embeddings=FLAGS.max_position_embeddings)  # fmt: skip
     except ValueError as e:
         cli.fail(e, cli.USAGE_ERROR)
     distributed.start()  # several processes: before anything touches a device
@@ -137,9 +140,10 @@ def main(argv):
         cli.fail(f"{line} (no result file is written)")
 
 
-# flags one mode reads and the other would ignore
+# flags one mode reads and the other would ignore (--rope_scaling and
+# --max_position_embeddings are read by both)
 EVALUATION_ONLY = ("seq_lens", "split", "splits", "num_batches", "tag", "overwrite", "data",
-                   "data_dir", "rope_scaling", "max_position_embeddings", "passkey")  # fmt: skip
+                   "data_dir", "passkey")  # fmt: skip
 GENERATION_ONLY = ("prompt", "max_new_tokens", "temperature", "seed")
 
 
@@ -168,6 +172,8 @@ def _run(progress, rope_scaling):
             seed=FLAGS.seed,
             fallback=FLAGS.fallback,
             progress=progress,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=FLAGS.max_position_embeddings,
         )
         return
     evaluate_checkpoint(

@@ -263,3 +263,25 @@ def test_jax_jit_of_decode_has_one_compile_per_shape():
     for k in range(4):
         _, cache = step(state, tokens(k, 1), text_pos(1) + k, cache)
     assert len(calls) == 1 and int(cache["index"]) == 4
+
+
+def test_a_length_reading_rule_decodes_at_the_length_of_the_whole_continuation(monkeypatch):
+    """Under `dynamic` (frequencies from the current length) every token of a continuation
+    reads prompt + max_new_tokens, as one full pass over it does, whatever CHUNK and the
+    cache's spare slots."""
+    rule = {"rope.scaling": {"rope_type": "dynamic", "factor": 4.0},
+            "rope.max_position_embeddings": 4}  # fmt: skip
+    model = model_lib.Decoder(cfg(**rule), rngs=nnx.Rngs(1))  # one whose tokens it changes
+    prompt, m = tokens(7, 5), 6
+    # a prefill of L tokens with seq_len=L equals the full pass over them in a longer cache
+    whole = _forward(model, prompt, text_pos(5))
+    spare = model.init_cache(B, 5 + 9)
+    np.testing.assert_allclose(model.decode(prompt, text_pos(5), spare, seq_len=5)[0], whole,
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    assert not np.allclose(model.decode(prompt, text_pos(5), spare)[0], whole, atol=1e-3)
+    expected = np.asarray(naive_greedy(model, prompt, m, text_pos(5 + m)))  # reads T + m
+    np.testing.assert_array_equal(np.asarray(generate.generate(model, prompt, max_new_tokens=m)),
+                                  expected)  # fmt: skip
+    monkeypatch.setattr(generate, "CHUNK", 2)
+    np.testing.assert_array_equal(np.asarray(generate.generate(model, prompt, max_new_tokens=m)),
+                                  expected)  # fmt: skip

@@ -1,5 +1,6 @@
 """End-to-end: train.py / eval.py on a tiny config over the real Shakespeare corpus."""
 
+import glob
 import json
 import os
 import shutil
@@ -211,11 +212,17 @@ def test_generate_from_a_tied_checkpoint_in_process_and_on_the_command_line(data
     kw = dict(prompt="ROMEO:", max_new_tokens=12, temperature=1.0)
     sampled = eval_lib.generate_text(str(tmp_path), seed=3, **kw)
     assert sampled == eval_lib.generate_text(str(tmp_path), seed=3, **kw)
+    # under another context-scaling rule (positions 4x closer): other tokens, no file written
+    linear = {"rope_type": "linear", "factor": 4.0}
+    scaled = eval_lib.generate_text(str(tmp_path), prompt="ROMEO:", max_new_tokens=12,
+                                    rope_scaling=linear)  # fmt: skip
+    assert scaled != text
     cmd = [sys.executable, "eval.py", f"--workdir={tmp_path}", "--generate", "--prompt=ROMEO:",
-           "--max_new_tokens=12"]  # fmt: skip
+           "--max_new_tokens=12", f"--rope_scaling={json.dumps(linear)}"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout == text + "\n"
+    assert proc.stdout == scaled + "\n"
+    assert not glob.glob(os.path.join(tmp_path, "eval_*_*.json"))
 
 
 def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):

@@ -485,13 +485,17 @@ def generate_text(
     seed: int = 0,
     fallback: bool = False,
     progress: Progress | None = None,
+    rope_scaling: dict | None = None,
+    max_position_embeddings: int | None = None,
 ) -> str:
     """Restores a checkpoint and returns `prompt` + its continuation, cut at the first EOS;
     text is encoded and decoded with the run's own tokenizer (<workdir>/tokenizer).
+    `rope_scaling` / `max_position_embeddings` decode under another context-scaling rule
+    (as `evaluate_checkpoint`: a continuation past the training length under YaRN, ...).
     `progress` prints progress lines of a long continuation and checks for a signal
     between its decoding calls and before the text is printed (`signals.StopAtOnce.check`:
     a signal Python dropped while it generated stops it there)."""
-    config = runfiles.load_config(workdir)
+    config = with_rope_scaling(runfiles.load_config(workdir), rope_scaling, max_position_embeddings)
     tok = runfiles.load_tokenizer(workdir)
     if tok.vocab_size != config.model.vocab_size:
         raise checkpoint.CheckpointError(

@@ -395,7 +395,9 @@ class Attention(nnx.Module):
         names = ("c",) if self.kv == "tied" else ("k", "v")
         return {name: jnp.zeros(shape, self.dtype) for name in names}
 
-    def decode(self, x, positions, cache: dict, index) -> tuple[jax.Array, dict]:
+    def decode(
+        self, x, positions, cache: dict, index, seq_len: int | None = None
+    ) -> tuple[jax.Array, dict]:
         """T new tokens written at cache slots index..index+T-1, attending to slots <= their own.
 
         Args:
@@ -403,15 +405,17 @@ class Attention(nnx.Module):
           positions: [B, T, A] positions of the new tokens.
           cache: from `init_cache` (or a previous `decode`), S slots.
           index: int32 scalar, the number of slots already filled.
+          seq_len: the static length the dynamic / longrope rules read; default S.
 
         Returns:
           ([B, T, D] output, the cache with the new rotated entries).
         """
         x = x.astype(self.dtype)
         q, k, v = self._project(x)
-        slots = next(iter(cache.values())).shape[1]  # S: the length dynamic / longrope read
+        if seq_len is None:  # S: the length dynamic / longrope read
+            seq_len = next(iter(cache.values())).shape[1]
         rope = self.rotation()
-        _, rotate = rotation_of(rope, slots)
+        _, rotate = rotation_of(rope, seq_len)
         rot = lambda y: rotate(y, positions)
         at = (0, index, 0, 0)
         if self.kv == "tied":
@@ -438,7 +442,7 @@ class Attention(nnx.Module):
             q_offset=index,  # new token t sees the filled slots and itself
             impl=self.impl,
             cached=True,
-            seq_len=slots,
+            seq_len=seq_len,
         )
         return self._out(o), cache
 

@@ -9,7 +9,10 @@ The cache holds every layer's keys and values after their rotation (k rotated if
 is a site, v if "v" is; the tied latent c always), so a step rotates only the new
 token's query, key and value, and the output if "o" is a site. A learned rotation
 (`model.rope.learned`) is cached the same way: R_j depends on its trained parameters,
-which decoding does not change, and on token j's position alone. Generated tokens are
+which decoding does not change, and on token j's position alone. A scaling rule that
+reads the current length (`dynamic`, `longrope`) reads that of the whole continuation,
+prompt + max_new_tokens, for every token (the cached keys keep one rotation; the cache
+itself may hold a few spare slots). Generated tokens are
 text: token k after the prompt sits at `(s + k, ..., s + k)` on every axis, where `s`
 is the prompt's next text position (`layouts.next_position(segments, scheme, A)` for a
 multimodal prompt: not the token count).
@@ -97,14 +100,14 @@ def generate(
     rest = jnp.concatenate([keys[1:], jnp.repeat(keys[:1], n * c - (m - 1), axis=0)])
     cache, token = _prefill(graphdef, state, prompt_tokens, positions, patches,
                             None if is_patch is None else jnp.asarray(is_patch, bool),
-                            temperature, keys[0], slots=t + 1 + n * c,
+                            temperature, keys[0], slots=t + 1 + n * c, seq_len=t + m,
                             greedy=greedy)  # fmt: skip
     out = [token[:, None]]
     for i in watch(range(n)) if watch else range(n):
         starts = next_position + jnp.arange(i * c, (i + 1) * c, dtype=jnp.float32)[:, None]
         keys_i = rest[i * c : (i + 1) * c]
         cache, token, new = _decode(graphdef, state, cache, token, starts, keys_i, temperature,
-                                    greedy=greedy)  # fmt: skip
+                                    seq_len=t + m, greedy=greedy)  # fmt: skip
         out.append(new.T)
     return jnp.concatenate(out, axis=1)[:, :m]
 
@@ -122,18 +125,20 @@ def _sample(logits, key, temperature, greedy: bool):  # [B, V] -> [B]
 
 # jax.jit, not nnx.jit: nnx.jit would return the model's state, a second copy of every
 # weight; decoding changes none of them
-@functools.partial(jax.jit, static_argnames=("graphdef", "slots", "greedy"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "slots", "seq_len", "greedy"))
 def _prefill(graphdef, state, tokens, positions, patches, is_patch, temperature, key, *,
-             slots: int, greedy: bool):  # fmt: skip
+             slots: int, seq_len: int, greedy: bool):  # fmt: skip
     """(cache of `slots` slots holding the prompt, the first new token [B])."""
     model = nnx.merge(graphdef, state)
     cache = model.init_cache(tokens.shape[0], slots)
-    logits, cache = model.decode(tokens, positions, cache, patches=patches, is_patch=is_patch)
+    logits, cache = model.decode(tokens, positions, cache, patches=patches, is_patch=is_patch,
+                                 seq_len=seq_len)  # fmt: skip
     return cache, _sample(logits[:, -1], key, temperature, greedy)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "greedy"), donate_argnums=(2,))
-def _decode(graphdef, state, cache, token, starts, keys, temperature, *, greedy: bool):
+@functools.partial(jax.jit, static_argnames=("graphdef", "seq_len", "greedy"), donate_argnums=(2,))
+def _decode(graphdef, state, cache, token, starts, keys, temperature, *, seq_len: int,
+            greedy: bool):  # fmt: skip
     """One call of len(keys) decoding steps: (cache, the last token [B], new tokens [C, B]).
     Step k feeds `token` at text position starts[k] ([B]) and samples with keys[k]."""
     model = nnx.merge(graphdef, state)
@@ -142,7 +147,7 @@ def _decode(graphdef, state, cache, token, starts, keys, temperature, *, greedy:
         cache, token = carry
         start, key = inputs
         pos = layouts.text_positions(start, 1, model.num_axes, xp=jnp)  # [B, 1, A]
-        logits, cache = model.decode(token[:, None], pos, cache)
+        logits, cache = model.decode(token[:, None], pos, cache, seq_len=seq_len)
         token = _sample(logits[:, -1], key, temperature, greedy)
         return (cache, token), token
 

@@ -282,9 +282,9 @@ class Block(nnx.Module):
         x = x + self.mlp(self.mlp_norm(x))
         return sharding.constrain(x, ("batch", "seq", "embed"))
 
-    def decode(self, x, positions, cache: dict, index) -> tuple[jax.Array, dict]:
+    def decode(self, x, positions, cache: dict, index, seq_len=None) -> tuple[jax.Array, dict]:
         """`__call__` for new tokens against a layer cache (`Attention.decode`)."""
-        y, cache = self.attn.decode(self.attn_norm(x), positions, cache, index)
+        y, cache = self.attn.decode(self.attn_norm(x), positions, cache, index, seq_len)
         x = x + y
         x = x + self.mlp(self.mlp_norm(x))
         return sharding.constrain(x, ("batch", "seq", "embed")), cache
@@ -398,7 +398,7 @@ class Decoder(nnx.Module):
         return {"index": jnp.zeros((), jnp.int32), "layers": layers}
 
     def decode(
-        self, tokens, positions, cache: dict, *, patches=None, is_patch=None
+        self, tokens, positions, cache: dict, *, patches=None, is_patch=None, seq_len=None
     ) -> tuple[jax.Array, dict]:
         """Logits of T new tokens that follow the cached ones, and the updated cache.
 
@@ -411,6 +411,9 @@ class Decoder(nnx.Module):
             `layouts.next_position`, not at the token count, after visual segments).
           cache: from `init_cache` or a previous `decode`; index + T <= its length.
           patches, is_patch: as in `__call__`.
+          seq_len: the static length a length-reading scaling rule (dynamic, longrope)
+            reads; default the cache's length (a full pass over L tokens reads L, so a
+            prefill of L tokens with seq_len=L equals it in any cache).
 
         Returns:
           (float32 [B, T, V], cache with index advanced by T).
@@ -418,7 +421,7 @@ class Decoder(nnx.Module):
         x = self._embed(tokens, positions, patches, is_patch)
         index, layers = cache["index"], []
         for block, layer_cache in zip(self.blocks, cache["layers"], strict=True):
-            x, layer_cache = block.decode(x, positions, layer_cache, index)
+            x, layer_cache = block.decode(x, positions, layer_cache, index, seq_len)
             layers.append(layer_cache)
         return self._logits(x), {"index": index + tokens.shape[1], "layers": layers}
 
