@@ -20,7 +20,8 @@ is never replaced unless --overwrite. The checkpoint is verified against its che
 the run's tokenizer (checked first), e.g. one part of the training corpus. --data,
 --rope_scaling and --max_position_embeddings need --tag: eval_<step>.json is the run's
 own result, the one its sweep's table reads. A flag of the other mode (--seq_lens with
---generate, --prompt without it) is refused, not ignored.
+--generate, --prompt without it) is refused, not ignored, and so is a
+--max_position_embeddings that the rule in use reads at no length (default, linear).
 With --generate it instead prints the prompt and its continuation (greedy, or sampled
 with --temperature > 0), decoded with a key/value cache, up to the first EOS; under
 --rope_scaling a continuation past the training length decodes with that rule.
@@ -98,8 +99,8 @@ def define_flags():
     )
     flags.DEFINE_bool("generate", False, "Print a continuation of --prompt instead.")
     flags.DEFINE_string("prompt", "", "Text to continue with --generate ('' = a new document).")
-    flags.DEFINE_integer("max_new_tokens", 200, "Tokens (bytes) to generate.")
-    flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 = greedy.")
+    flags.DEFINE_integer("max_new_tokens", 200, "Tokens (bytes) to generate.", lower_bound=1)
+    flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 = greedy.", lower_bound=0.0)
     flags.DEFINE_integer("seed", 0, "Sampling seed.")
     flags.DEFINE_string(
         "hf", None, "A Hugging Face model directory, imported into --workdir first."

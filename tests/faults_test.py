@@ -1352,6 +1352,8 @@ def test_settings_that_would_be_ignored_or_misread_are_one_line(tmp_path, cache_
         "rope_scaling": ["eval.py", f"--workdir={never}", "--rope_scaling={rope_type: yarn}"],
         "progress_s": ["eval.py", f"--workdir={never}", "--progress_s=-1"],
         "num_batches": ["eval.py", f"--workdir={never}", "--num_batches=-2"],
+        "max_new_tokens": ["eval.py", f"--workdir={never}", "--generate", "--max_new_tokens=0"],
+        "temperature": ["eval.py", f"--workdir={never}", "--generate", "--temperature=-1"],
     }  # fmt: skip
     results = dict(zip(cases, run_all(list(cases.values()), cache_env), strict=True))
     assert one_error_line(*results["sections"]) == (
@@ -1371,6 +1373,13 @@ def test_settings_that_would_be_ignored_or_misread_are_one_line(tmp_path, cache_
     )
     assert results["num_batches"][0] == 2 and one_error_line(*results["num_batches"]) == (
         "error: flag --num_batches=-2: -2 is not a non-negative integer"
+    )
+    # a continuation's flags are checked before a checkpoint is looked for
+    assert results["max_new_tokens"][0] == 2 and one_error_line(*results["max_new_tokens"]) == (
+        "error: flag --max_new_tokens=0: 0 is not a positive integer"
+    )
+    assert results["temperature"][0] == 2 and one_error_line(*results["temperature"]) == (
+        "error: flag --temperature=-1: -1.0 is not a non-negative number"
     )
     assert not os.path.exists(never)
 

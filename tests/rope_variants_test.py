@@ -482,3 +482,42 @@ def test_a_model_trained_with_linear_scaling_evaluates_under_its_own_and_another
         == yarn
     )
     assert np.isfinite(other["64"]["loss"]) and other["64"]["loss"] != result["64"]["loss"]
+
+
+@pytest.mark.parametrize(
+    "rule,error",
+    [
+        (None, "changes no rotation under rope_type='default', which reads no length here"),
+        ({"rope_type": "linear", "factor": 2.0}, "changes no rotation under rope_type='linear'"),
+        (
+            {
+                "rope_type": "llama3",
+                "factor": 2.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+            "changes no rotation under rope_type='llama3'",
+        ),
+        (
+            {"rope_type": "llama3", "factor": 2.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+            None,
+        ),  # its original length defaults to L, which it then reads
+        ({"rope_type": "dynamic", "factor": 2.0}, None),
+        ({"rope_type": "yarn", "factor": 2.0}, None),
+    ],
+)
+def test_a_max_position_embeddings_no_rule_reads_is_refused_not_ignored(rule, error):
+    """eval.py --max_position_embeddings under a rule that reads no length used to write a
+    tagged result equal to the run's own (and a continuation the same as without it)."""
+    from configs import lm
+    from rope_jax.harness.evaluate import with_rope_scaling
+
+    config = lm.get_config("size=tiny")  # trained at T = 128
+    if error is None:
+        out = with_rope_scaling(config, rule, max_position_embeddings=512)
+        assert out.model.rope.max_position_embeddings == 512
+    else:
+        with pytest.raises(ValueError, match=re.escape(f"--max_position_embeddings=512 {error}")):
+            with_rope_scaling(config, rule, max_position_embeddings=512)
+    assert with_rope_scaling(config, rule, max_position_embeddings=128)  # its own, said again

@@ -21,6 +21,7 @@ and which step it came from, is one line on stderr (stdout holds the JSON).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -32,7 +33,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from rope_jax import data, defaults, provenance, sharding
+from rope_jax import data, defaults, provenance, rotary, sharding
 from rope_jax.data import passkey, sources
 from rope_jax.harness import (
     checkpoint,
@@ -48,6 +49,7 @@ from rope_jax.harness import (
 )
 from rope_jax.harness import workdir as workdir_lib
 from rope_jax.nn import generate
+from rope_jax.nn import model as model_lib
 
 _RESULT_KEYS = ("step", "split", "train_seq_len", "settings", "code")
 
@@ -174,13 +176,41 @@ def with_rope_scaling(config, scaling=None, max_position_embeddings=None):
             f"--rope_scaling={scaling!r} must be a JSON object of rope_parameters keys"
         )
     config = defaults.fill(config)  # a full, mutable copy
+    own_length = config.model.rope.max_position_embeddings or config.data.seq_len
     with config.model.rope.ignore_type():
         if scaling is not None:
             rope = defaults.fill_model({"rope": {"scaling": scaling}}).rope
             config.model.rope.scaling = rope.scaling
         if max_position_embeddings is not None:
             config.model.rope.max_position_embeddings = max_position_embeddings
-    return checks.resolve(config)
+    config = checks.resolve(config)
+    if max_position_embeddings is not None:
+        _check_length_read(config, own_length, max_position_embeddings)
+    return config
+
+
+def _check_length_read(config, own_length: int, new: int) -> None:
+    """A new `max_position_embeddings` that changes no rotation at any length (a rule that
+    reads none: default, linear, proportional, llama3 given its original length) is a
+    ValueError naming the flag, not a flag silently ignored."""
+    if new == own_length:  # said again, for clarity
+        return
+    num_axes, head_dim = data.kind(config.data).num_axes, config.model.head_dim
+    spec = model_lib.rotation(config.model, num_axes, train_seq_len=config.data.seq_len)
+    own = dataclasses.replace(spec, max_position_embeddings=own_length)
+    lengths = {own_length, new, own_length + 1, new + 1, 8 * max(own_length, new)}
+    for n in sorted(lengths) if spec.scaling is not None else ():  # plain RoPE reads none
+        tables = [
+            rotary.pair_table(head_dim, s, num_axes=num_axes, seq_len=n)[0] for s in (spec, own)
+        ]
+        factors = [rotary.attention_factor(head_dim, s, seq_len=n) for s in (spec, own)]
+        if not np.array_equal(*tables) or factors[0] != factors[1]:
+            return
+    raise ValueError(
+        f"--max_position_embeddings={new} changes no rotation under rope_type={spec.rope_type!r}, which reads no "
+        f"length here (the run's is {own_length}): give --rope_scaling with a rule that "
+        "reads it (dynamic, yarn, longrope)"
+    )
 
 
 def with_data(config, name: str | None = None, data_dir: str | None = None):
