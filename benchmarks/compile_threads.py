@@ -9,6 +9,7 @@ shared between them); tracing is inside the clock for both, as the stages do it.
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -46,15 +47,24 @@ def _timed(fn) -> float:
     return time.time() - start
 
 
-if __name__ == "__main__":
-    if len(sys.argv) == 3:  # one measurement: WHAT THREADS
-        fn = {"rung": rung_rows, "kernels": kernel_cases}[sys.argv[1]]
-        print(f"{fn(sys.argv[2] == '1'):.1f}")
-        sys.exit()
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child", nargs=2, metavar=("WHAT", "THREADS"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:  # one measurement, in its own process
+        what, threads = args.child
+        print(f"{MEASURES[what](threads == '1'):.1f}")
+        return
     print(f"{os.cpu_count()} CPU cores")
     for what, name in (("rung", "rung rows (train + 3 eval programs each)"),
                        ("kernels", "kernel cases")):  # fmt: skip
-        wall = [subprocess.run([sys.executable, __file__, what, str(t)], check=True,
+        wall = [subprocess.run([sys.executable, __file__, "--child", what, str(t)], check=True,
                                capture_output=True, text=True).stdout.split()[-1]
                 for t in (0, 1)]  # fmt: skip
         print(f"{name}: one after another {wall[0]} s, in threads {wall[1]} s")
+
+
+MEASURES = {"rung": rung_rows, "kernels": kernel_cases}
+
+if __name__ == "__main__":
+    main()
