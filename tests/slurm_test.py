@@ -15,7 +15,8 @@ with the reason.
   SIGTERM  `scancel --signal=TERM` of the job: both processes save the same step (the
            first log step after the signal) and exit 0; the same command resumes from
            it and ends with exactly the parameters of an uninterrupted run
-  eval     `srun -n 2 eval.py` gives the numbers of a single-process eval.py
+  eval     `srun -n 2 eval.py` gives the numbers of a single-process eval.py, and
+           `--generate` prints one process's text, the single-process text
 
 The quick tests check when `harness.distributed` starts a multi-process run, and that
 bad explicit flags are one line, without a cluster.
@@ -250,6 +251,17 @@ def test_two_process_eval_gives_the_single_process_numbers(two_processes, env):
         assert a[length]["tokens"] == b[length]["tokens"] > 0
         for key in ("loss", "accuracy", "bits_per_byte"):
             np.testing.assert_allclose(b[length][key], a[length][key], rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_two_process_generate_prints_the_single_process_text_once(two_processes, env):
+    workdir, _ = two_processes
+    flags = [f"--workdir={workdir}", "--generate", "--prompt=ROMEO:", "--max_new_tokens=40"]
+    two = run([*srun(), sys.executable, "eval.py", *flags], env)
+    assert two.returncode == 0, two.stdout + two.stderr
+    one = run([sys.executable, "eval.py", *flags], env)
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert one.stdout.startswith("ROMEO:") and two.stdout == one.stdout  # process 0's only
 
 
 # ----------------------------------------------------------------------- quick tests

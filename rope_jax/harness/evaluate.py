@@ -553,5 +553,5 @@ def generate_text(
     logging.info("step %d: %d new tokens", step, len(new))
     if progress is not None:
         progress.check()
-    print(text)
+    console.say(text)  # process 0 only: every process decoded the same tokens
     return text
