@@ -264,6 +264,44 @@ def test_two_process_generate_prints_the_single_process_text_once(two_processes,
     assert one.stdout.startswith("ROMEO:") and two.stdout == one.stdout  # process 0's only
 
 
+@pytest.mark.slow
+def test_two_processes_import_an_hf_model_once_and_evaluate_it_as_one(cluster, data_dir, env,
+                                                                        tmp_path):  # fmt: skip
+    """`srun -n 2 eval.py --hf=DIR`: both processes build the import, one run in the
+    workdir (one checkpoint, one config.json), the single-process numbers."""
+    flags = [f"--hf={os.path.join(ROOT, 'tests', 'data', 'hf', 'llama')}",
+             "--config=configs/lm.py", f"--config.data.data_dir={data_dir}",
+             "--config.data.seq_len=32", "--config.eval.batch_size=8",
+             "--config.eval.num_batches=2"]  # fmt: skip
+    two = run([*srun(), sys.executable, "eval.py", f"--workdir={tmp_path}/two", *flags], env)
+    assert two.returncode == 0, two.stdout + two.stderr
+    one = run([sys.executable, "eval.py", f"--workdir={tmp_path}/one", *flags], env)
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert gloo_free(two.stdout).count("imported ") == 1
+    assert os.listdir(f"{tmp_path}/two/checkpoints") == ["0"]
+    a, b = (json.load(open(f"{tmp_path}/{w}/eval_0.json")) for w in ("one", "two"))
+    np.testing.assert_allclose(b["32"]["loss"], a["32"]["loss"], rtol=1e-5)
+    again = run([*srun(), sys.executable, "eval.py", f"--workdir={tmp_path}/two", *flags,
+                 "--generate", "--prompt=ROMEO:", "--max_new_tokens=8"], env)  # fmt: skip
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "holds" in again.stdout and again.stdout.count("ROMEO:") == 1
+
+
+@pytest.mark.slow
+def test_a_process_that_fails_alone_ends_the_step_at_once(cluster, env):
+    """One process's error line used to leave it waiting in JAX's distributed shutdown
+    (up to 300 s) for the other, which waited for it in a collective."""
+    code = ("import jax; from jax.experimental import multihost_utils; "
+            "from rope_jax.harness import cli, distributed; distributed.initialize(); "
+            "multihost_utils.sync_global_devices('both'); "  # connected, as in a real run
+            "cli.fail('process 1 alone') if jax.process_index() == 1 else "
+            "multihost_utils.sync_global_devices('never reached by process 1')")  # fmt: skip
+    start = time.time()
+    proc = run([*srun(), sys.executable, "-c", code], env, timeout=120)
+    assert proc.returncode != 0 and "error: process 1 alone" in proc.stderr, proc.stderr[-2000:]
+    assert time.time() - start < 60
+
+
 # ----------------------------------------------------------------------- quick tests
 
 

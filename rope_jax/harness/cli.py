@@ -19,6 +19,7 @@ import os
 import re
 import sys
 
+import jax
 import ml_collections
 from absl import flags
 from ml_collections.config_flags import config_flags
@@ -30,9 +31,22 @@ USAGE_ERROR = 2  # exit status of a bad command line
 
 
 def fail(message: str, code: int = 1):
-    """Prints `error: <message>` (one line) on stderr and exits with `code`."""
+    """Prints `error: <message>` (one line) on stderr and exits with `code`.
+
+    In a multi-process run the process ends at once (`abort`): Python's teardown would
+    wait in JAX's distributed shutdown for processes that may be waiting for this one in
+    a collective (up to its 300 s timeout, the allocation idle); ended, it lets the
+    launcher stop the rest (`srun --kill-on-bad-exit`, or the others' heartbeat timeout).
+    """
+    if _several_processes():
+        abort(message, code)
     _say_error(message)
     sys.exit(code)
+
+
+def _several_processes() -> bool:
+    """Whether this is one of several started processes (never starts a backend)."""
+    return jax.distributed.is_initialized() and jax.process_count() > 1
 
 
 def _say_error(message) -> None:

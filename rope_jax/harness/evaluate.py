@@ -207,9 +207,9 @@ def _check_length_read(config, own_length: int, new: int) -> None:
         if not np.array_equal(*tables) or factors[0] != factors[1]:
             return
     raise ValueError(
-        f"--max_position_embeddings={new} changes no rotation under rope_type={spec.rope_type!r}, which reads no "
-        f"length here (the run's is {own_length}): give --rope_scaling with a rule that "
-        "reads it (dynamic, yarn, longrope)"
+        f"--max_position_embeddings={new} changes no rotation under rope_type="
+        f"{spec.rope_type!r}, which reads no length here (the run's is {own_length}): give "
+        "--rope_scaling with a rule that reads it (dynamic, yarn, longrope)"
     )
 
 

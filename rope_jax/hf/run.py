@@ -15,7 +15,7 @@ import os
 import jax
 
 from rope_jax import data, sharding
-from rope_jax.harness import checkpoint, checks, console, runfiles, setup, transfer
+from rope_jax.harness import checkpoint, checks, console, distributed, runfiles, setup, transfer
 from rope_jax.harness import workdir as workdir_lib
 from rope_jax.harness.evaluate import restore, without_corpus
 from rope_jax.hf import config as hf_config
@@ -53,10 +53,15 @@ def import_run(directory: str, workdir: str, config) -> str:
         ckpt.save(0, {**state, "params": params}, {"step": 0})
     finally:
         ckpt.close()
+    # process 0 writes them; the others go on once they are there (eval.py reads them next)
+    distributed.process_0_first(_save_files, workdir, tokenizer, config)
+    return f"imported {directory} ({len(loaded)} arrays) into {os.path.abspath(workdir)} as step 0"
+
+
+def _save_files(workdir: str, tokenizer, config) -> None:
     if tokenizer is not None:
         runfiles.save_tokenizer(workdir, tokenizer)
     runfiles.save_config(workdir, config)  # last: a workdir with config.json is complete
-    return f"imported {directory} ({len(loaded)} arrays) into {os.path.abspath(workdir)} as step 0"
 
 
 def export_run(workdir: str, out: str, *, step: int | None = None, overwrite: bool = False):
