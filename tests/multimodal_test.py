@@ -453,12 +453,14 @@ def test_sharded_iterators_split_the_global_batch(data_dir):
                                          process_count=2, **kw))
         for p in (0, 1)
     ]  # fmt: skip
-    assert len(parts[0]) == len(parts[1])
+    # num_batches counts global batches: the two processes' rows are the whole run's
+    # (they were its first half: each process read num_batches of its own batch size)
+    assert len(parts[0]) == len(parts[1]) == len(whole) == 2
     for key in whole[0]:
         got = np.concatenate(
             [np.concatenate([x[key], y[key]]) for x, y in zip(*parts, strict=True)]
         )
-        np.testing.assert_array_equal(got, np.concatenate([w[key] for w in whole])[: len(got)])
+        np.testing.assert_array_equal(got, np.concatenate([w[key] for w in whole]))
 
 
 @pytest.mark.parametrize("video", [False, True], ids=["image", "video"])

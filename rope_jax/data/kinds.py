@@ -164,8 +164,9 @@ class Multimodal:
         seq_len = _positive_int(seq_len or multimodal.eval_seq_len(self.config), "seq_len")
         config = ml_collections.ConfigDict(self.config.to_dict())  # a mutable copy
         config.seq_len = seq_len
+        global_batch = batch_size * shard[1]  # num_batches counts global batches
         num_examples = (
-            _positive_int(num_batches, "num_batches") * batch_size if num_batches else 512
+            _positive_int(num_batches, "num_batches") * global_batch if num_batches else 512
         )
         return multimodal.make_eval_iterator(
             config, split=split, batch_size=batch_size, num_examples=num_examples, shard=shard
@@ -283,7 +284,8 @@ def make_eval_iterator(data_config, *, split: str, batch_size: int, seq_len: int
         Multimodal splits default to `multimodal.eval_seq_len`, which fits every split.
       num_batches: if set, only the first `num_batches` batches (with `spread`, that
         many batches of windows evenly spaced through a text split). A multimodal split
-        is its first `num_batches * batch_size` examples (512 when None).
+        is its first `num_batches * batch_size * process_count` examples (512 when None),
+        shared out among the processes.
       process_index, process_count: as in `make_train_iterator`; every process gets
         the same number of batches.
 
