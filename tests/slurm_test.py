@@ -302,6 +302,15 @@ def test_a_process_that_fails_alone_ends_the_step_at_once(cluster, env):
     assert time.time() - start < 60
 
 
+@pytest.mark.slow
+def test_two_processes_print_one_dry_run_report(cluster, data_dir, env, tmp_path):
+    flags = [*train_flags(data_dir, str(tmp_path / "never")), "--dry_run"]
+    proc = run([*srun(), sys.executable, "train.py", *flags], env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert gloo_free(proc.stdout).count("parameters: ") == 1 and "devices: 4" in proc.stdout
+    assert not os.path.exists(tmp_path / "never")
+
+
 # ----------------------------------------------------------------------- quick tests
 
 

@@ -58,21 +58,22 @@ class NonFiniteLoss(RuntimeError):
 
 
 def print_dry_run(config) -> dict:
+    """Prints the run's sizes, memory and cost plan (process 0 of several)."""
     # init_from=hf:DIR: the checkpoint's architecture; then filled, checked and frozen once,
     # with the data's vocabulary (the plan's FLOPs count its head)
     config = checks.settle_vocab(transfer.prepare(config))
     report = setup.dry_run(config)
     gib = 2.0**30
-    print(f"parameters: {report['parameters']:,}  devices: {report['devices']}  "
-          f"mesh: {report['mesh']}")  # fmt: skip
+    lines = [f"parameters: {report['parameters']:,}  devices: {report['devices']}  "
+             f"mesh: {report['mesh']}"]  # fmt: skip
     for key in ("params", "opt", "temp"):
-        print(f"  {key:>6} per device: {report[key + '_bytes_per_device'] / gib:9.3f} GiB")
+        lines.append(f"  {key:>6} per device: {report[key + '_bytes_per_device'] / gib:9.3f} GiB")
     if line := hostmem.dry_run_line(report):
-        print(f"  {line}")
+        lines.append(f"  {line}")
     from rope_jax.harness import cost  # not at the top: `python -m rope_jax.harness.cost`
 
-    for line in cost.format_plan(config):
-        print(f"  {line}")
+    lines += [f"  {line}" for line in cost.format_plan(config)]
+    console.say("\n".join(lines))
     return report
 
 
