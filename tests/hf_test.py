@@ -437,6 +437,25 @@ def small_run(data_dir, **overrides):
 
 
 @pytest.mark.slow
+def test_an_imported_workdir_trains_on_as_a_run_started_from_the_model(data_dir, tmp_path):
+    """`eval.py --hf`'s import (step 0, no data position: nothing was read) trained on
+    from its saved config (`configs/saved.py`) is the run `init_from=hf:DIR` trains; it
+    used to stop with KeyError: 'data'."""
+    from rope_jax.hf import run as hf_run
+
+    directory = fixture("llama")
+    config = small_run(data_dir, **{"optim.warmup_steps": 1})
+    imported = str(tmp_path / "imported")
+    hf_run.import_run(directory, imported, config)
+    harness.train_and_evaluate(runfiles.load_config(imported), imported)
+    fresh = str(tmp_path / "fresh")
+    harness.train_and_evaluate(small_run(data_dir, **{"train.init_from": f"hf:{directory}",
+                                                      "optim.warmup_steps": 1}), fresh)  # fmt: skip
+    losses = [[r["loss"] for r in metrics.read_jsonl(w) if "loss" in r] for w in (imported, fresh)]
+    assert len(losses[0]) == 2 and losses[0] == losses[1]
+
+
+@pytest.mark.slow
 def test_a_run_trains_from_an_hf_checkpoint_and_exports_back(data_dir, tmp_path):
     """init_from=hf:DIR: the run takes DIR's architecture, tokenizer and weights, trains
     2 steps, and exports again (the export's logits are the trained run's)."""

@@ -171,7 +171,13 @@ def _restore_or_init(run, ckpt, train_iter, fallback, init_from=""):
         start, state, extra, skipped = ckpt.restore_latest_good(run.abstract)
         for bad, why in skipped:
             console.warn(f"{why}; moved it to {ckpt.set_aside(bad)}")
-    train_iter.set_state(extra["data"])
+    if "data" in extra:
+        train_iter.set_state(extra["data"])
+    elif start:  # only an import's step 0 (`hf.run.import_run`) has none: nothing read yet
+        raise checkpoint.CheckpointError(
+            f"checkpoint step {start} in {ckpt.directory} holds no data position, so the "
+            "run cannot go on where it stopped"
+        )
     console.say(f"resumed from step {start} in {ckpt.directory}")
     return state, start
 
