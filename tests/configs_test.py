@@ -125,3 +125,20 @@ def test_resolve_fills_from_the_defaults_checks_once_and_freezes():
         checks.resolve({"model": {"rope": {"sitez": "vo"}}})
     old = {"model": {"rope": {"scheme": "mrope", "num_axes": 3}}, "data": {}}  # an old run
     assert checks.resolve(old).data.scheme == "mrope"
+
+
+def test_a_folder_of_runs_given_as_a_run_names_one_of_them(tmp_path):
+    """eval.py --workdir=SWEEP (or its row folder) said only "not a training workdir"."""
+    from rope_jax.harness import checkpoint, runfiles
+
+    for row in ("qk", "vo"):
+        (tmp_path / row / "seed_0").mkdir(parents=True)
+        (tmp_path / row / "seed_0" / "config.json").write_text("{}")
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=rf"not a training workdir; it holds 2 run\(s\), e.g. "
+                             rf"{tmp_path}/qk/seed_0$"):  # fmt: skip
+        runfiles.load_config(str(tmp_path))
+    with pytest.raises(checkpoint.CheckpointError, match=r"holds 1 run\(s\), e.g. .*/vo/seed_0$"):
+        runfiles.load_config(str(tmp_path / "vo"))
+    with pytest.raises(checkpoint.CheckpointError, match=r"not a training workdir$"):
+        runfiles.load_config(str(tmp_path / "qk" / "seed_0" / "none"))

@@ -5,6 +5,7 @@ evaluation and generation decode with it, and data of another tokenizer is refus
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -40,13 +41,25 @@ def save_config(workdir: str, config, *, keep_old_as: int | None = None) -> str 
     return kept
 
 
+def _runs_below(directory: str) -> str:
+    """Where runs lie one or two folders below `directory` (a sweep's ROW/seed_S), what
+    to add to "not a training workdir": "; it holds N run(s), e.g. D/qk/seed_0"."""
+    root = glob.escape(directory)
+    runs = sorted(glob.glob(os.path.join(root, "*", CONFIG_FILE))
+                  + glob.glob(os.path.join(root, "*", "*", CONFIG_FILE)))  # fmt: skip
+    if not runs:
+        return ""
+    return f"; it holds {len(runs)} run(s), e.g. {os.path.dirname(runs[0])}"
+
+
 def load_config(workdir: str) -> ml_collections.ConfigDict:
     """The run config saved in `workdir`, in today's layout with every field filled
     (`rope_jax.defaults`: fields added since the run was saved take their defaults,
     the values it used); unresolved, as a config file gives it."""
     path = os.path.join(workdir, CONFIG_FILE)
     if not os.path.exists(path):
-        raise CheckpointError(f"no {CONFIG_FILE} in {workdir!r}: not a training workdir")
+        raise CheckpointError(f"no {CONFIG_FILE} in {workdir!r}: not a training workdir"
+                              + _runs_below(workdir))  # fmt: skip
     try:
         with open(path) as f:
             raw = json.load(f)
