@@ -1247,6 +1247,32 @@ def _prepare_cmd(source, data_dir, *extra) -> list[str]:
 
 
 @pytest.mark.slow  # subprocesses
+def test_a_second_preparation_of_one_dataset_waits_for_the_first(tmp_path):
+    """The same prepare command twice at once: the second wrote into the first's staging
+    files and ended in a traceback (FileNotFoundError ... .staging/train-00000.index.npy.tmp).
+    Here the test holds the dataset's lock, as a first preparation does."""
+    import fcntl
+
+    source = _text_corpus(tmp_path / "corpus", files=4)
+    out = tmp_path / "out"
+    out.mkdir()
+    with open(out / ".x.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([sys.executable, *_prepare_cmd(source, out)], cwd=ROOT, **pipes)
+        first = proc.stderr.readline()  # while the lock is held
+        waiting = f"another process is preparing {out}/x; waiting for it ({out}/.x.lock)"
+        assert first == f"prepare: {waiting}\n", first
+        assert not (out / "x" / "metadata.json").exists() and proc.poll() is None
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert stdout.strip() == f"{out}/x" and (out / "x" / "metadata.json").exists()
+    again = subprocess.run([sys.executable, *_prepare_cmd(source, out)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert again.returncode == 0 and "is already prepared with these settings" in again.stderr
+
+
+@pytest.mark.slow  # subprocesses
 def test_a_full_disk_while_preparing_is_one_line_and_the_same_command_resumes(
     tmp_path, mounts, monkeypatch
 ):

@@ -19,7 +19,6 @@ DIR/NAME/verified.json, so a 100 GB corpus is hashed once, not at every start.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -144,27 +143,16 @@ def ensure_prepared(data_config) -> str:
 
         parent = os.path.dirname(path)
         os.makedirs(parent, exist_ok=True)
-        with _locked(os.path.join(parent, f".{os.path.basename(path)}.lock")):
-            try:
-                prepare.prepare(_auto_settings(data_config, source), os.path.basename(path),
-                                parent, workers=min(4, os.cpu_count() or 1),
-                                command="", progress=True)  # fmt: skip
-            except prepare.OutOfSpace as e:  # names the directory already
-                raise sources.DataSourceError(str(e)) from None
-            except ValueError as e:
-                raise sources.DataSourceError(f"preparing {path}: {e}") from None
+        try:  # one process at a time (`prepare` holds the dataset's lock)
+            prepare.prepare(_auto_settings(data_config, source), os.path.basename(path),
+                            parent, workers=min(4, os.cpu_count() or 1),
+                            command="", progress=True)  # fmt: skip
+        except prepare.OutOfSpace as e:  # names the directory already
+            raise sources.DataSourceError(str(e)) from None
+        except ValueError as e:
+            raise sources.DataSourceError(f"preparing {path}: {e}") from None
     metadata(path)
     return path
-
-
-@contextlib.contextmanager
-def _locked(path: str):
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def metadata(path: str) -> dict:

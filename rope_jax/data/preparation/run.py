@@ -4,6 +4,8 @@ writer per split, metadata written last.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import sys
@@ -60,7 +62,8 @@ def prepare(
             raise PrepareError(f"--data_dir={data_dir}: cannot create {out}: "
                                f"{e.strerror or e}") from None  # fmt: skip
     try:
-        return _prepare(settings, out, space, say, workers, command, progress)
+        with _one_at_a_time(out, say):
+            return _prepare(settings, out, space, say, workers, command, progress)
     except (OSError, RuntimeError) as e:
         if not out_of_space(e):
             raise
@@ -68,6 +71,29 @@ def prepare(
         free = shutil.disk_usage(os.path.dirname(out) if not os.path.isdir(out) else out).free
         raise OutOfSpace(space.message(f"a write failed (No space left on device: {where})",
                                        free)) from None  # fmt: skip
+
+
+@contextlib.contextmanager
+def _one_at_a_time(out: str, say):
+    """Holds DIR/.NAME.lock while DIR/NAME is prepared: a second preparation of it (the
+    same command twice, two runs that auto-prepare one corpus) waits for the first,
+    then finds it done, instead of writing into the same staging files."""
+    path = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.lock")
+    try:
+        f = open(path, "a")  # noqa: SIM115  (closed below)
+    except OSError:  # a read-only data dir: nothing can be written there, by anyone
+        yield
+        return
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"prepare: another process is preparing {out}; waiting for it ({path})")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _prepare(settings, out, space, say, workers, command, progress) -> dict:
