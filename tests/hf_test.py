@@ -436,6 +436,19 @@ def small_run(data_dir, **overrides):
     return config
 
 
+def test_a_second_import_into_a_workdir_being_imported_is_refused(tmp_path):
+    """Two `eval.py --hf` into one new workdir at once both wrote checkpoint step 0 and
+    both failed (`saving checkpoint step 0 ... failed`), leaving nothing usable."""
+    from rope_jax.harness import workdir as workdir_lib
+    from rope_jax.hf import run as hf_run
+
+    workdir = str(tmp_path / "m")
+    with workdir_lib.Lock(workdir):  # the first import, under way
+        with pytest.raises(workdir_lib.WorkdirError, match=r"is in use by another run"):
+            hf_run.import_run(fixture("llama"), workdir, lm.get_config())
+    assert not os.path.exists(os.path.join(workdir, "checkpoints"))
+
+
 @pytest.mark.slow
 def test_an_imported_workdir_trains_on_as_a_run_started_from_the_model(data_dir, tmp_path):
     """`eval.py --hf`'s import (step 0, no data position: nothing was read) trained on

@@ -32,14 +32,28 @@ def import_run(directory: str, workdir: str, config) -> str:
     config = convert.adopt(config, directory)  # reads config.json: its errors come first
     config.model.param_dtype = weights.checkpoint_dtype(directory)  # bfloat16 stays
     config.train.init_from = spec
-    if os.path.isfile(os.path.join(workdir, runfiles.CONFIG_FILE)):
-        saved = runfiles.load_config(workdir)
-        if saved.train.init_from != spec:
-            raise hf_config.HFError(
-                f"{workdir!r} holds another run (its train.init_from is "
-                f"{saved.train.init_from!r}): use a new --workdir for {directory}"
-            )
-        return f"{workdir} holds {directory} already (imported at step 0)"
+    if (done := _imported(directory, workdir, spec)) is not None:
+        return done
+    # one import at a time (a second eval.py --hf of the same workdir is refused, naming
+    # the first), as a training run holds its workdir
+    with workdir_lib.Lock(workdir, enabled=jax.process_index() == 0):
+        return _imported(directory, workdir, spec) or _import(directory, workdir, config)
+
+
+def _imported(directory: str, workdir: str, spec: str) -> str | None:
+    """The line for a workdir holding DIR's import already; None for one holding none."""
+    if not os.path.isfile(os.path.join(workdir, runfiles.CONFIG_FILE)):
+        return None
+    saved = runfiles.load_config(workdir)
+    if saved.train.init_from != spec:
+        raise hf_config.HFError(
+            f"{workdir!r} holds another run (its train.init_from is "
+            f"{saved.train.init_from!r}): use a new --workdir for {directory}"
+        )
+    return f"{workdir} holds {directory} already (imported at step 0)"
+
+
+def _import(directory: str, workdir: str, config) -> str:
     config = checks.resolve(config)
     arrays = convert.read_params(directory, config.model)[0]  # every check before a build
     tokenizer = convert.load_tokenizer(directory)
