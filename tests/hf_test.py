@@ -170,6 +170,8 @@ def test_import_export_import_is_bit_exact(name, tmp_path):
     assert all(np.array_equal(first[k].view(np.uint8), second[k].view(np.uint8)) for k in first)
     assert cfg2.to_dict() == cfg.to_dict()
     assert os.path.isfile(os.path.join(out, "tokenizer.json")) == (tok is not None)
+    for file in os.listdir(out):  # readable by other users (safetensors alone writes 0600)
+        assert os.stat(os.path.join(out, file)).st_mode & 0o777 == 0o644, file
 
 
 def test_an_export_stopped_part_way_is_never_a_model_and_a_replaced_one_keeps_no_stale_file(

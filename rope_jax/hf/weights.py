@@ -255,4 +255,5 @@ def write(directory: str, arrays: dict[str, np.ndarray]) -> str:
         tensors[hf] = np.ascontiguousarray(LAYOUTS[layout].to_hf(np.asarray(x)))
     path = os.path.join(directory, SINGLE_FILE)
     save_file(tensors, path, metadata={"format": "pt"})  # transformers checks the format
+    os.chmod(path, 0o644)  # safetensors writes 0600: other users could not load the model
     return path
