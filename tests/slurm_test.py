@@ -281,10 +281,6 @@ def test_two_processes_import_an_hf_model_once_and_evaluate_it_as_one(cluster, d
     assert os.listdir(f"{tmp_path}/two/checkpoints") == ["0"]
     a, b = (json.load(open(f"{tmp_path}/{w}/eval_0.json")) for w in ("one", "two"))
     np.testing.assert_allclose(b["32"]["loss"], a["32"]["loss"], rtol=1e-5)
-    again = run([*srun(), sys.executable, "eval.py", f"--workdir={tmp_path}/two", *flags,
-                 "--generate", "--prompt=ROMEO:", "--max_new_tokens=8"], env)  # fmt: skip
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert "holds" in again.stdout and again.stdout.count("ROMEO:") == 1
 
 
 @pytest.mark.slow
