@@ -119,6 +119,8 @@ def main(argv):
         cli.fail("--workdir is required", cli.USAGE_ERROR)
     try:  # the flags absl cannot check: one line naming the flag, before anything starts
         check_modes()
+        if FLAGS.temperature != FLAGS.temperature:  # nan passes absl's lower bound
+            raise ValueError("--temperature=nan must be a number >= 0 (0 = greedy)")
         parse_seq_lens(FLAGS.seq_lens)
         rope_scaling = parse_rope_scaling(FLAGS.rope_scaling)
         if not FLAGS.generate:  # a continuation is printed, no result file written

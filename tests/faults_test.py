@@ -1380,6 +1380,7 @@ def test_settings_that_would_be_ignored_or_misread_are_one_line(tmp_path, cache_
         "num_batches": ["eval.py", f"--workdir={never}", "--num_batches=-2"],
         "max_new_tokens": ["eval.py", f"--workdir={never}", "--generate", "--max_new_tokens=0"],
         "temperature": ["eval.py", f"--workdir={never}", "--generate", "--temperature=-1"],
+        "nan": ["eval.py", f"--workdir={never}", "--generate", "--temperature=nan"],
     }  # fmt: skip
     results = dict(zip(cases, run_all(list(cases.values()), cache_env), strict=True))
     assert one_error_line(*results["sections"]) == (
@@ -1406,6 +1407,9 @@ def test_settings_that_would_be_ignored_or_misread_are_one_line(tmp_path, cache_
     )
     assert results["temperature"][0] == 2 and one_error_line(*results["temperature"]) == (
         "error: flag --temperature=-1: -1.0 is not a non-negative number"
+    )
+    assert results["nan"][0] == 2 and one_error_line(*results["nan"]) == (
+        "error: --temperature=nan must be a number >= 0 (0 = greedy)"
     )
     assert not os.path.exists(never)
 
