@@ -141,11 +141,9 @@ def ensure_prepared(data_config) -> str:
     if source is not None:
         from rope_jax.data import preparation as prepare
 
-        parent = os.path.dirname(path)
-        os.makedirs(parent, exist_ok=True)
-        try:  # one process at a time (`prepare` holds the dataset's lock)
+        try:  # makes DIR/NAME; one process at a time (`prepare` holds the dataset's lock)
             prepare.prepare(_auto_settings(data_config, source), os.path.basename(path),
-                            parent, workers=min(4, os.cpu_count() or 1),
+                            os.path.dirname(path), workers=min(4, os.cpu_count() or 1),
                             command="", progress=True)  # fmt: skip
         except prepare.OutOfSpace as e:  # names the directory already
             raise sources.DataSourceError(str(e)) from None
