@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 
 def _f(x, fmt: str = ",.0f", none: str = "—") -> str:
     return none if x is None else format(x, fmt)
@@ -129,15 +131,45 @@ def _rung(r: dict) -> list[str]:
     if len(rows) >= 2:
         tau, p, n = kendall({k: v["loss"] for k, v in rows.items()}, lm.ARTICLE_LOSS)
         nope = order.index("nope") + 1 if "nope" in order else None
+        noise = (
+            "One seed: a hint, not a finding; its seed noise is unmeasured."
+            if not r.get("more_seeds")
+            else "The table is seed 0; the seed noise below."
+        )
         out += ["", f"Kendall tau against the article's order over {n} rows: "
                 f"{_f(tau, '.3f')} (p {_f(p, '.3f')}); NoPE ranks {nope} of {len(order)}. "
-                "One seed: a hint, not a finding; its seed noise is unmeasured."]  # fmt: skip
+                + noise]  # fmt: skip
+    out += _rung_seeds(rows, r.get("more_seeds") or {}, t)
     if len(rows) < len(lm.ROWS):
         out.append(f"Rows finished: {len(rows)} of {len(lm.ROWS)} (the rest did not fit).")
     devices = {m.get("device") for m in rows.values()} - {None}
     if len(devices) > 1:  # a rung that spanned sessions on different GPU kinds
         out.append("Rows ran on more than one device: " + ", ".join(
             f"{row} {rows[row].get('device')}" for row in order) + ".")  # fmt: skip
+    return out
+
+
+def _rung_seeds(rows: dict, more: dict, t: int) -> list[str]:
+    """The rows trained again at other seeds: their loss at each seed, and how far the
+    seeds of one row lie apart (the noise a gap between rows must exceed)."""
+    again = {row: [rows[row]["loss"]] + [more[k][row]["loss"] for k in sorted(more, key=int)
+                                         if row in more[k]]
+             for row in rows if any(row in m for m in more.values())}  # fmt: skip
+    if not again:
+        return []
+    seeds = ", ".join(sorted(more, key=int))
+    out = ["", f"Seed noise: {len(again)} rows trained again at seed {seeds} (init and data "
+           "order), the rest of the setup the same.", "",
+           f"| row | seed 0 @{t} | other seeds @{t} | mean | spread (max - min) |",
+           "|---|---|---|---|---|"]  # fmt: skip
+    for row, losses in sorted(again.items(), key=lambda kv: statistics.fmean(kv[1])):
+        out.append(
+            f"| {row} | {losses[0]:.4f} | {', '.join(f'{v:.4f}' for v in losses[1:])} "
+            f"| {statistics.fmean(losses):.4f} | {max(losses) - min(losses):.4f} |"
+        )
+    spread = max(max(v) - min(v) for v in again.values())
+    out += ["", f"The largest spread between the seeds of a row is {spread:.4f}: gaps "
+            "between rows smaller than that are ties."]  # fmt: skip
     return out
 
 
@@ -186,13 +218,18 @@ def rung_as_sweep(rung: dict) -> dict | None:
     # held-out loss at T, 2T and 4T (a rung from before those were measured: T alone)
     lens = [n for n in (t, str(2 * s["seq_len"]), str(4 * s["seq_len"]))
             if all(n == t or n in m.get("loss_at", {}) for m in rung["rows"].values())]  # fmt: skip
-    runs = lambda m: [{"seed": 0, "loss": {n: m.get("loss_at", {}).get(n, m["loss"]) for n in lens},
-                       "bits_per_byte": {t: m["bits_per_byte"]}}]  # fmt: skip
+    by_seed = {0: rung["rows"], **{int(k): v for k, v in (rung.get("more_seeds") or {}).items()}}
+
+    def runs(row: str) -> list[dict]:
+        return [{"seed": k, "bits_per_byte": {t: m["bits_per_byte"]},
+                 "loss": {n: m.get("loss_at", {}).get(n, m["loss"]) for n in lens}}
+                for k, m in ((k, by_seed[k].get(row)) for k in sorted(by_seed)) if m]  # fmt: skip
+
     return {"title": "VO-RoPE site ablation, GPU rung (benchmarks/gpu_suite.py)",
-            "settings": settings, "article_loss": lm.ARTICLE_LOSS, "seeds": [0],
+            "settings": settings, "article_loss": lm.ARTICLE_LOSS, "seeds": sorted(by_seed),
             "seq_lens": lens, "device": rung.get("device"), "code": [rung.get("code")],
             "command": "python -m benchmarks.gpu_suite --stage=rung",
-            "rows": {r: {"runs": runs(m)} for r, m in rung["rows"].items()}}  # fmt: skip
+            "rows": {r: {"runs": runs(r)} for r in rung["rows"]}}  # fmt: skip
 
 
 def render(results: dict) -> str:

@@ -52,6 +52,8 @@ class Context:
     save: Callable[[], None]
     load: Callable[[str], dict]
     rung_tokens: int = 0  # 0: RUNG_TOKENS (SMOKE_RUNG_TOKENS in smoke mode)
+    rung_seed: int = 0  # init and data order of the rows run (0: the rung's own)
+    rung_rows: tuple = ()  # the rows to run; () for every row
 
     def left(self) -> float:
         return self.deadline - time.time()
@@ -479,11 +481,11 @@ def _random_windows(tokens, rng, b: int, t: int) -> dict:
     return _windows(tokens, rng.integers(0, len(tokens) - t - 1, b), t)
 
 
-def _rung_config(shape: dict, sites: str, vocab: int, steps: int, impl: str):
+def _rung_config(shape: dict, sites: str, vocab: int, steps: int, impl: str, seed: int = 0):
     from configs import lm
 
     config = lm.get_config("size=small")
-    config.update_from_flattened_dict({
+    config.update_from_flattened_dict({"seed": seed,
         "model.num_layers": shape["num_layers"], "model.embed_dim": shape["embed_dim"],
         "model.num_heads": shape["num_heads"], "model.num_kv_heads": shape["num_kv_heads"],
         "model.head_dim": shape["head_dim"], "model.mlp_dim": shape["mlp_dim"],
@@ -673,6 +675,31 @@ def rung_problem(result: dict, out: str, data: str, tokens: int, smoke: bool) ->
     return None
 
 
+def rung_rows(smoke: bool, spec: tuple = ()) -> tuple:
+    """The rows a rung call runs: `spec` (--rung_rows), or every row of the site ablation
+    (two in smoke mode)."""
+    from configs import lm
+
+    return tuple(spec) or (("nope", "qkvo") if smoke else tuple(lm.ROWS))
+
+
+def seed_rows(result: dict, seed: int, *, add: bool = False) -> dict:
+    """{row: metrics} of `seed` in rung.json: seed 0's under "rows" (the rung's table),
+    another seed's under "more_seeds" (its measure of the seed noise); with `add`, the
+    dict kept in `result` (made if absent)."""
+    holder, key = result, "rows"
+    if seed:
+        key = str(seed)
+        holder = result.setdefault("more_seeds", {}) if add else result.get("more_seeds", {})
+    return holder.setdefault(key, {}) if add else holder.get(key, {})
+
+
+def rung_todo(result: dict, smoke: bool, seed: int = 0, spec: tuple = ()) -> list[str]:
+    """The rows of this call not yet finished in rung.json."""
+    done = seed_rows(result, seed)
+    return [row for row in rung_rows(smoke, spec) if row not in done]
+
+
 def _count(n) -> str:
     return "?" if n is None else f"{n:,}"
 
@@ -687,11 +714,9 @@ def rung(ctx: Context) -> None:
     r.update(_jax_facts())
     meta, train, val = _rung_data(ctx.data)
     shape = SMOKE_RUNG_SHAPE if ctx.smoke else RUNG_SHAPE
-    rows = ("nope", "qkvo") if ctx.smoke else tuple(lm.ROWS)  # the site ablation's rows
     impl = "dot_product" if jax.default_backend() == "gpu" else "xla"
     b, t = shape["batch"], shape["seq_len"]
     eval_windows = 2 * b if ctx.smoke else 8 * b
-    done = r.setdefault("rows", {})
     steps = rung_steps(ctx.rung_tokens, shape, ctx.smoke)
     problem = rung_problem(r, ctx.out, ctx.data, ctx.rung_tokens, ctx.smoke)
     if problem:  # the parent checks first; this is for a child started by hand
@@ -700,17 +725,19 @@ def rung(ctx: Context) -> None:
     r.update(data=meta, shape=shape, impl=impl, eval_windows=eval_windows, steps=steps,
              tokens_per_run=steps * b * t, params=flops.num_params(config.model),
              block_params=flops.block_matmul_params(config.model))  # fmt: skip
-    todo = [row for row in rows if row not in done]
+    seed = ctx.rung_seed
+    todo = rung_todo(r, ctx.smoke, seed, ctx.rung_rows)
     if not todo:
-        r["done"] = True
+        r["done"] = not rung_todo(r, ctx.smoke)  # seed 0's table is whole
         return
+    done = seed_rows(r, seed, add=True)
     if not ctx.fits(60 if not ctx.smoke else 5):  # the compiles alone need about this
         return
-    _log(f"rung: compiling {len(todo)} rows, {steps} steps each ({steps * b * t:,} tokens)")
+    _log(f"rung: compiling {len(todo)} rows, {steps} steps each ({steps * b * t:,} tokens)"
+         + (f", seed {seed}" if seed else ""))  # fmt: skip
     t0 = time.time()
-    programs = _compile_rows(
-        {row: _rung_config(shape, lm.ROWS[row], meta["vocab_size"], steps, impl) for row in todo}
-    )
+    programs = _compile_rows({row: _rung_config(shape, lm.ROWS[row], meta["vocab_size"], steps,
+                                                impl, seed) for row in todo})  # fmt: skip
     step_s = _step_time(programs[todo[0]], train, steps=3 if ctx.smoke else 10)
     r["timing"] = dict(compile_wall_s=time.time() - t0, step_s=step_s, device=r["device"])
     ctx.save()
@@ -724,13 +751,13 @@ def rung(ctx: Context) -> None:
     for row in todo:
         if not ctx.fits(row_s):
             return
-        done[row] = _train_row(programs[row], train, val, seed=0, eval_windows=eval_windows)
+        done[row] = _train_row(programs[row], train, val, seed=seed, eval_windows=eval_windows)
         m = done[row]
         m["device"] = r["device"]  # a rung may span calls (and machines of one kind)
-        _log(f"rung: {row}: held-out loss {m['loss']:.4f}, {m['bits_per_byte']:.4f} bits/byte, "
-             f"{m['train_s']:.0f} s")  # fmt: skip
+        _log(f"rung: {row}{f' seed {seed}' if seed else ''}: held-out loss {m['loss']:.4f}, "
+             f"{m['bits_per_byte']:.4f} bits/byte, {m['train_s']:.0f} s")  # fmt: skip
         ctx.save()
-    r["done"] = True
+    r["done"] = not rung_todo(r, ctx.smoke)
 
 
 # ------------------------------------------------------------------ peer

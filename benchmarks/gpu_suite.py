@@ -21,6 +21,8 @@ Stages (in this order; `benchmarks/gpu_stages.py` holds them):
            parallel threads, then the rows trained one after another, `--rung_tokens`
            each (100M by default). A rung longer than one call goes on in the next:
            the same OUT, or `--resume_from` the folder where a call's files were kept.
+           `--rung_seed K --rung_rows qkvo,vo` trains those rows again at seed K (init
+           and data order) beside the table, as its measure of the seed noise.
   peer     HF `LlamaForCausalLM` in bf16 autocast (SDPA, fused AdamW) against ours at
            `small` and at the 1b body (the batch step1b ran).
 
@@ -71,6 +73,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="the travelling corpus (benchmarks/gpu_data.py) for the rung")  # fmt: skip
     p.add_argument("--rung_tokens", type=float, default=0,
                    help="tokens per rung row (default 100M; a rung keeps its first)")  # fmt: skip
+    p.add_argument("--rung_seed", type=int, default=0,
+                   help="seed of the rung rows run (init and data order); a seed other than 0 "
+                   "adds a measure of the seed noise beside the rung's table")  # fmt: skip
+    p.add_argument("--rung_rows", default="",
+                   help="comma list of the rung rows to run (default: all)")  # fmt: skip
     p.add_argument("--resume_from", default="",
                    help="start OUT from the stage files an earlier call left there")  # fmt: skip
     p.add_argument("--report", action="store_true", help="only re-render OUT/gpu_suite.md")
@@ -78,6 +85,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--child", default="", help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
     return p
+
+
+def rung_spec(spec: str) -> tuple:
+    """--rung_rows as a tuple of the site ablation's rows (() for all of them); an unknown
+    row is a one-line error."""
+    from configs import lm
+
+    names = tuple(dict.fromkeys(s.strip() for s in spec.split(",") if s.strip()))
+    bad = [s for s in names if s not in lm.ROWS]
+    if bad:
+        raise SystemExit(f"gpu_suite: --rung_rows={spec!r}: {', '.join(bad)} is not a row; "
+                         f"the rows are {', '.join(lm.ROWS)}")  # fmt: skip
+    return names
 
 
 def stages(spec: str) -> list[str]:
@@ -126,7 +146,8 @@ def _run_stage(args, stage: str, deadline: float) -> int:
     """The stage in a child process (this module with --child); its return code."""
     cmd = [sys.executable, "-m", "benchmarks.gpu_suite", "--out", args.out, "--child", stage,
            "--deadline", repr(deadline), "--data", args.data,
-           "--rung_tokens", repr(args.rung_tokens)]  # fmt: skip
+           "--rung_tokens", repr(args.rung_tokens), "--rung_seed", str(args.rung_seed),
+           "--rung_rows", args.rung_rows]  # fmt: skip
     if args.smoke:
         cmd.append("--smoke")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -151,7 +172,8 @@ def _child(args) -> None:
     ctx = gpu_stages.Context(out=out, smoke=args.smoke, deadline=args.deadline, data=args.data,
                              result=result, save=lambda: save(out, stage, result),
                              load=lambda name: load(out, name),
-                             rung_tokens=int(args.rung_tokens))  # fmt: skip
+                             rung_tokens=int(args.rung_tokens), rung_seed=args.rung_seed,
+                             rung_rows=rung_spec(args.rung_rows))  # fmt: skip
     try:
         gpu_stages.STAGES[stage](ctx)
     except Exception as e:  # recorded, so the page says what stopped the stage
@@ -175,10 +197,14 @@ def main(argv=None) -> None:
         raise SystemExit(f"gpu_suite: --out={args.out}: Not a directory ({existing})")
     if args.resume_from:
         resume_from(args.resume_from, args.out)
-    rung = load(args.out, "rung")
-    if "rung" in todo and not rung.get("done") and not args.report:  # before anything runs
-        import gpu_stages
+    import gpu_stages
 
+    rows = rung_spec(args.rung_rows)
+    if args.rung_seed < 0:
+        raise SystemExit(f"gpu_suite: --rung_seed={args.rung_seed} must be >= 0")
+    rung = load(args.out, "rung")
+    rung_left = gpu_stages.rung_todo(rung, args.smoke, args.rung_seed, rows)
+    if "rung" in todo and rung_left and not args.report:  # before anything runs
         problem = gpu_stages.rung_problem(rung, args.out, args.data, int(args.rung_tokens),
                                           args.smoke)  # fmt: skip
         if problem:
@@ -188,7 +214,9 @@ def main(argv=None) -> None:
         start = time.time()
         end = start + args.budget_s
         for i, stage in enumerate(todo):
-            if load(args.out, stage).get("done"):
+            pending = (gpu_stages.rung_todo(load(args.out, stage), args.smoke, args.rung_seed, rows)
+                    if stage == "rung" else not load(args.out, stage).get("done"))  # fmt: skip
+            if not pending:
                 print(f"gpu_suite: {stage} already done in {args.out}", flush=True)
                 continue
             left = end - time.time()

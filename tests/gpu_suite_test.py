@@ -133,6 +133,45 @@ def test_a_stage_resumes_after_its_finished_items(tmp_path):
     assert "## rung (done)" in page
 
 
+def test_a_rung_trains_rows_again_at_another_seed_beside_its_table(corpus, tmp_path):
+    """--rung_seed/--rung_rows add seed 1 of a row to a finished rung: its own init and
+    data order, seed 0's table untouched, both seeds in the page and the sweep file."""
+    data, _ = corpus
+    out = tmp_path / "gpu"
+    first = _suite("--out", str(out), "--smoke", "--stage=rung", "--data", str(data))
+    assert first.returncode == 0, first.stderr[-3000:]
+    table = gpu_suite.load(str(out), "rung")["rows"]
+    assert set(table) == {"nope", "qkvo"}
+    again = ("--out", str(out), "--smoke", "--stage=rung", "--data", str(data), "--rung_seed=1",
+             "--rung_rows=nope")  # fmt: skip
+    proc = _suite(*again)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rung: nope seed 1: held-out loss" in proc.stdout and "qkvo" not in proc.stdout
+    rung = gpu_suite.load(str(out), "rung")
+    assert rung["rows"] == table and rung["done"]
+    assert set(rung["more_seeds"]) == {"1"} and set(rung["more_seeds"]["1"]) == {"nope"}
+    one = rung["more_seeds"]["1"]["nope"]
+    assert one["loss"] < np.log(259) and abs(one["loss"] - table["nope"]["loss"]) > 1e-4
+    sweep = json.loads((out / "rung_sweep.json").read_text())
+    assert sweep["seeds"] == [0, 1]
+    assert [r["seed"] for r in sweep["rows"]["nope"]["runs"]] == [0, 1]
+    assert [r["seed"] for r in sweep["rows"]["qkvo"]["runs"]] == [0]
+    assert sweep["rows"]["nope"]["runs"][1]["loss"]["32"] == one["loss"]
+    page = (out / "gpu_suite.md").read_text()
+    spread = abs(one["loss"] - table["nope"]["loss"])
+    assert f"The largest spread between the seeds of a row is {spread:.4f}" in page
+    assert "its seed noise is unmeasured" not in page
+    rerun = _suite(*again)  # that row of that seed is done: nothing runs
+    assert rerun.returncode == 0 and "rung already done" in rerun.stdout
+    assert gpu_suite.load(str(out), "rung") == rung
+    bad = _suite("--out", str(out), "--smoke", "--stage=rung", "--rung_rows=nope,vk")
+    assert bad.returncode != 0 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines() == [
+        "gpu_suite: --rung_rows='nope,vk': vk is not a row; the rows are "
+        "nope, q, k, v, o, qk, vo, qkv, qkvo"
+    ]
+
+
 def test_a_rung_keeps_its_length_across_calls(corpus, tmp_path):
     """Rows of different lengths are not one rung: another --rung_tokens is one line."""
     data, _ = corpus
