@@ -114,7 +114,8 @@ def _rung(r: dict) -> list[str]:
         f"{_f(r.get('params'))} parameters ({_f(r.get('block_params'))} in the blocks' "
         f"matmuls), bf16, attention `{r.get('impl')}`; T = {s.get('seq_len')}, "
         f"B = {s.get('batch')}, {r['steps']} steps = {_f(r.get('tokens_per_run'))} tokens "
-        f"per row; one seed, the same data order for every row. Held-out: "
+        f"per row; {'seed 0' if r.get('more_seeds') else 'one seed'}, the same data order "
+        "for every row. Held-out: "
         f"{r.get('eval_windows')} validation windows of T tokens, and as many tokens in "
         "windows of 2T and 4T." + _rung_timing(r.get("timing")),
         "",
