@@ -35,6 +35,15 @@ def test_one_seed_per_row_gives_no_interval():
     assert "| L2 D16 T8 10 steps | — | 1 | 1.000 | — (one seed) |" in ladder.render([rung], "cmd")
 
 
+def test_a_rung_with_a_second_seed_for_some_rows_says_so():
+    """Rows with two seeds beside rows with one: no interval, and the seed count by row."""
+    losses = {r: [v, v + 0.01] if r in ("a", "nope") else [v] for r, v in REFERENCE.items()}
+    rung = ladder.rung(sweep(losses), list(REFERENCE))
+    assert rung["tau_ci"] == [None, None] and rung["stats"]["8"]["a"][1] is not None
+    page = ladder.render([rung], "cmd")
+    assert "| L2 D16 T8 10 steps | — | 1-2 (by row) | 1.000 | — (rows with one seed) |" in page
+
+
 @pytest.mark.slow
 def test_noisy_seeds_widen_the_interval_and_reversed_order_gives_minus_one():
     noisy = {"a": [1.0, 2.6, 1.1], "b": [2.0, 1.2, 2.1], "c": [3.0, 3.1, 2.9], "nope": [4.0] * 3}

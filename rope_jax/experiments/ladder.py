@@ -139,11 +139,13 @@ def render(rungs: list[dict], command: str) -> str:
     for g in rungs:
         lo, hi = g["tau_ci"]
         ci = "—" if lo is None else f"[{lo:.2f}, {hi:.2f}]"
-        ci += " (one seed)" if g["fewest_seeds"] == 1 else ""
+        few, most = g["fewest_seeds"], g["seeds"]
+        ci += "" if few > 1 else " (one seed)" if most == 1 else " (rows with one seed)"
+        seeds = most if few == most else f"{few}-{most} (by row)"
         p = "—" if g["tau_p"] is None else f"{g['tau_p']:.3f}"
         nope = "—" if g["nope_rank"] is None else f"{g['nope_rank']} of {len(g['rows'])}"
         tau = "—" if g["tau"] is None else f"{g['tau']:.3f}"  # no article losses to order
-        out.append(f"| {g['label']} | {g.get('device') or '—'} | {g['seeds']} | "
+        out.append(f"| {g['label']} | {g.get('device') or '—'} | {seeds} | "
                    f"{tau} | {ci} | {p} | {nope} |")  # fmt: skip
     ref = max(rungs, key=lambda g: len(g["rows"]))["reference_ranks"]  # of the most rows
     out += ["", "Rank of each row at T per rung (reference rank in brackets):", "",
