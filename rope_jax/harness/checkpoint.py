@@ -41,6 +41,8 @@ import os
 import re
 import shutil
 import sys
+import threading
+import time
 import warnings
 from typing import Any
 
@@ -60,6 +62,15 @@ _TMP_SUFFIX = ".orbax-checkpoint-tmp"  # a step being written (renamed once comp
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, damaged, or does not match the model."""
+
+
+def _join_orbax_writers(timeout_s: float = 60.0) -> None:
+    """Waits (at most `timeout_s` in all) for the threads Orbax started to write a save:
+    after a failed save some may still be writing its other files."""
+    deadline = time.monotonic() + timeout_s
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and type(thread).__module__.startswith("orbax"):
+            thread.join(max(deadline - time.monotonic(), 0))
 
 
 class SaveError(CheckpointError):
@@ -275,13 +286,16 @@ class Manager:
         return f"the newest checkpoint, step {step}, is kept"
 
     def _discard(self, step: int, existed: bool) -> None:
-        """Removes what a failed save of `step` left (never an earlier, complete step)."""
+        """Removes what a failed save of `step` left (never an earlier, complete step).
+        Orbax's writer threads of that save end first: one still writing when the first
+        failed would otherwise put a file back into the removed directory."""
+        self._reset()
+        _join_orbax_writers()
         if jax.process_index() == 0:
             for tmp in glob.glob(os.path.join(self.directory, f"{step}{_TMP_SUFFIX}*")):
                 shutil.rmtree(tmp, ignore_errors=True)
             if not existed:
                 shutil.rmtree(self.step_dir(step), ignore_errors=True)
-        self._reset()
 
     def _save_failed(self, step: int, error: Exception) -> str:
         free = workdir_lib.format_bytes(workdir_lib.free_bytes(self.directory))
