@@ -191,6 +191,9 @@ def main(argv=None) -> None:
     todo = stages(args.stage)
     if not args.budget_s > 0:
         raise SystemExit(f"gpu_suite: --budget_s={args.budget_s:g} must be > 0")
+    rows = rung_spec(args.rung_rows)
+    if args.rung_seed < 0:
+        raise SystemExit(f"gpu_suite: --rung_seed={args.rung_seed} must be >= 0")
     # the stage files go there as each finishes: it must take them (made once stages start)
     existing = bench_child.nearest_existing(args.out)
     if not os.path.isdir(existing):
@@ -199,9 +202,6 @@ def main(argv=None) -> None:
         resume_from(args.resume_from, args.out)
     import gpu_stages
 
-    rows = rung_spec(args.rung_rows)
-    if args.rung_seed < 0:
-        raise SystemExit(f"gpu_suite: --rung_seed={args.rung_seed} must be >= 0")
     rung = load(args.out, "rung")
     rung_left = gpu_stages.rung_todo(rung, args.smoke, args.rung_seed, rows)
     if "rung" in todo and rung_left and not args.report:  # before anything runs

@@ -164,8 +164,10 @@ def test_a_rung_trains_rows_again_at_another_seed_beside_its_table(corpus, tmp_p
     rerun = _suite(*again)  # that row of that seed is done: nothing runs
     assert rerun.returncode == 0 and "rung already done" in rerun.stdout
     assert gpu_suite.load(str(out), "rung") == rung
-    bad = _suite("--out", str(out), "--smoke", "--stage=rung", "--rung_rows=nope,vk")
-    assert bad.returncode != 0 and bad.stdout == ""
+    new = tmp_path / "new"  # refused before --resume_from copies anything into it
+    bad = _suite("--out", str(new), "--smoke", "--stage=rung", "--rung_rows=nope,vk",
+                 "--resume_from", str(out))  # fmt: skip
+    assert bad.returncode != 0 and bad.stdout == "" and not new.exists()
     assert bad.stderr.strip().splitlines() == [
         "gpu_suite: --rung_rows='nope,vk': vk is not a row; the rows are "
         "nope, q, k, v, o, qk, vo, qkv, qkvo"
