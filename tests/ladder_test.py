@@ -140,3 +140,24 @@ def test_a_rung_cut_short_shows_dashes_for_its_missing_rows_whichever_comes_firs
             "| c (3) | — | 3 |" in md or "| c (3) | 3 | — |" in md
         )
         assert "| nope | 0.500 | 1.500 |" in md
+
+
+def test_a_sweep_with_failed_runs_shows_a_failed_row_as_failed_never_as_a_number():
+    """Row c failed at every seed, row a at one of two: c is out of tau and ranks and
+    shown as failed; a's numbers are over its finished seed."""
+    report = sweep({"a": [1.0, 1.2], "b": [2.0, 2.0], "c": [3.0, 3.0], "nope": [4.0, 4.0]})
+    failed = lambda seed: {"seed": seed, "reason": "non-finite loss", "log": "l"}  # noqa: E731
+    report["rows"]["c"] = {"runs": [], "failed": [failed(0), failed(1)]}
+    report["rows"]["a"]["runs"].pop()
+    report["rows"]["a"]["failed"] = [failed(1)]
+    rung = ladder.rung(report, list(REFERENCE))
+    assert rung["rows"] == ["a", "b", "nope"] and rung["failed"] == {"c": [0, 1]}
+    assert rung["tau"] == pytest.approx(1.0) and rung["nope_rank"] == 3
+    assert rung["stats"]["8"]["a"] == (1.0, None) and rung["fewest_seeds"] == 1
+    page = ladder.render([rung], "cmd")
+    assert "| c (3) | failed |" in page and "| c | failed | failed |" in page
+    assert "| c | +" not in page and "| c | 3" not in page
+    assert "3 failed run(s)" in page and "rows with no finished run: c" in page
+    report["rows"]["b"] = {"runs": [], "failed": [failed(0)]}
+    with pytest.raises(ValueError, match="holds 1 of the rows compared"):
+        ladder.rung(report, ["a", "b", "c"])

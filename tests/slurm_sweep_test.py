@@ -231,17 +231,36 @@ def test_submit_leave_alone_resubmit_and_status_with_stand_in_commands(
     assert "2 runs: 0 done, 2 queued or running, 0 to submit" in out
 
     files["SQUEUE"].write_text("101|FAILED|NonZeroExitCode\n")  # 102: gone, no accounting
+    (workdir / "qk/seed_0/slurm.log").write_text("=== job 101\nerror: non-finite loss (nan)\n")
     message, out = main(argv, capsys)
-    assert "row=qk seed=0  partial (no checkpoint)  job 101 FAILED, resubmitted: job 103" in out
-    assert "row=vo seed=0  partial (no checkpoint)  job 102 ENDED, resubmitted: job 104" in out
+    assert "row=qk seed=0  failed (step 0/20)  job 101 FAILED, resubmitted: job 103" in out
+    assert "row=vo seed=0  failed (step 0/20)  job 102 ENDED, resubmitted: job 104" in out
     jobs = json.loads((workdir / "slurm_jobs.json").read_text())["jobs"]
     assert [j["job_id"] for j in jobs] == ["101", "102", "103", "104"]
+    rec = json.loads((workdir / "qk/seed_0/failed.json").read_text())
+    assert rec["reason"] == "job 101 FAILED: non-finite loss (nan)" and rec["failures"] == 1
+
+    # Both fail again: not retried (failed twice), the table is not blocked by them; the
+    # status lists them with the reason.
+    files["SQUEUE"].write_text("103|FAILED|NonZeroExitCode\n104|OUT_OF_MEMORY|None\n")
+    (workdir / "qk/seed_0/slurm.log").write_text("=== job 103\nerror: non-finite loss (inf)\n")
+    message, out = main([*argv, "--status"], capsys)
+    assert "failed 2 time(s), not retried: job 103 FAILED: non-finite loss (inf); log: " in out
+    assert "failed 2 time(s), not retried: job 104 OUT_OF_MEMORY; log: " in out
+    assert "2 runs: 0 done, 0 queued or running, 0 to submit, 2 failed and not retried" in out
+    message, out = main(argv, capsys)
+    assert "[1/2] row=qk seed=0  failed, not retried (failed 2 times" in out
+    assert message.startswith("error: 2 of 2 runs failed (row=qk seed=0, row=vo seed=0): no run "
+                              "finished, so no table")  # fmt: skip
+    message, out = main([*argv, "--retries=2"], capsys)  # the user asks for one more try
+    assert "job 103 FAILED, resubmitted: job 105" in out and "job 104 OUT_OF_MEMORY, resub" in out
+    assert json.loads((workdir / "qk/seed_0/failed.json").read_text())["failures"] == 2
 
     files["SQUEUE"].write_text("")
     files["FAIL"].write_text("sbatch: error: invalid partition specified: bogus\n"
                              "sbatch: error: Batch job submission failed: Invalid partition "
                              "name specified\n")  # fmt: skip
-    message, _ = main(argv, capsys)
+    message, _ = main([*argv, "--retries=9"], capsys)
     assert message == (
         "error: sbatch refused row=qk seed=0: invalid partition specified: bogus; Batch job "
         "submission failed: Invalid partition name specified "

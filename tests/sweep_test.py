@@ -14,7 +14,7 @@ from ml_collections.config_flags import tuple_parser
 
 from configs import common
 from rope_jax import provenance
-from rope_jax.experiments import launch, plan, sweep
+from rope_jax.experiments import failures, launch, plan, sweep
 from rope_jax.experiments import report as report_lib
 from rope_jax.harness import workdir as workdir_lib
 
@@ -259,13 +259,210 @@ def test_a_job_started_after_jax_was_imported_ends_with_its_parent_and_warns_of_
     assert parent == os.getpid() and session == proc.pid  # its own session, for Ctrl-C
 
 
-def test_a_failing_run_stops_the_sweep_and_shows_its_log(tmp_path, capsys):
+def test_a_run_that_fails_to_start_is_named_and_no_table_is_written(tmp_path, capsys):
     argv = ["--config=configs/lm.py:size=tiny", f"--workdir={tmp_path}", "--rows=qk", "--set", TINY]
     argv += ["--set", f"data.name=no_such_dataset_xyz,data.data_dir={tmp_path}"]
     message, out, err, _ = _main(argv, capsys)
-    assert "run row=qk seed=0 failed: train.py exited with status 1" in message, message
+    assert message.startswith("error: 1 of 1 runs failed (row=qk seed=0): no run finished, "
+                              "so no table"), message  # fmt: skip
+    assert "FAILED: train.py exited with status 1: " in out and "no_such_dataset_xyz" in out
     assert "no_such_dataset_xyz" in err  # the log's last lines
     assert not os.path.exists(tmp_path / "results.md")
+    rec = json.loads((tmp_path / "qk/seed_0/failed.json").read_text())
+    assert rec["failures"] == 1 and rec["log"] == str(tmp_path / "qk/seed_0/train.log")
+
+
+def fake_runs(tmp_path, names):
+    return [plan.Job(row, 0, str(tmp_path / row / "seed_0"), [], 10, [32], ()) for row in names]
+
+
+def test_the_local_launcher_goes_on_past_a_failed_run_and_retries_it_once(
+    tmp_path, capsys, monkeypatch
+):
+    """Three runs, the first crashing (killed as by the out-of-memory killer): the other
+    two train; the next call retries it once, the one after leaves it alone."""
+    ran = []
+
+    def execute(run, env):
+        ran.append(run.row)
+        os.makedirs(run.workdir, exist_ok=True)
+        if run.row == "a":
+            raise plan.SweepError(failures.ended("train.py", -9))
+        (tmp_path / run.row / "seed_0" / "eval_10.json").write_text('{"32": {"loss": 1.0}}')
+
+    monkeypatch.setattr(launch, "execute", execute)
+    monkeypatch.setattr(launch, "result_line", lambda run: "")
+    runs = fake_runs(tmp_path, ["a", "b", "c"])
+    failed = launch.run_all(runs, str(tmp_path))
+    assert ran == ["a", "b", "c"] and [f["row"] for f in failed] == ["a"]
+    assert failed[0]["reason"] == ("train.py was killed by SIGKILL (the out-of-memory killer, "
+                                   "or kill -9)")  # fmt: skip
+    assert [plan.status(r) for r in runs] == ["failed", "done", "done"]
+    ran.clear()
+    assert launch.run_all(runs, str(tmp_path))[0]["failures"] == 2 and ran == ["a"]
+    ran.clear()
+    failed = launch.run_all(runs, str(tmp_path))
+    assert ran == [] and failed[0]["failures"] == 2
+    assert (
+        "failed, not retried (failed 2 times; --retries=2 runs it again)" in capsys.readouterr()[0]
+    )
+    assert launch.run_all(runs, str(tmp_path), retries=2) and ran == ["a"]
+    ran.clear()
+    assert launch.run_all(runs, str(tmp_path), retries=9, skip_failed=True) and ran == []
+
+
+def test_a_killed_step_says_by_what_and_the_log_gives_the_reason(tmp_path):
+    script = tmp_path / "oom.py"
+    script.write_text("import os, signal\nprint('error: first')\nprint('error: the last line')\n"
+                      "os.kill(os.getpid(), signal.SIGKILL)\n")  # fmt: skip
+    log = str(tmp_path / "train.log")
+    with open(log, "w") as f:
+        f.write("error: an older command's line\n")
+    with pytest.raises(plan.SweepError) as e:
+        launch.launch([sys.executable, str(script)], log, dict(os.environ))
+    assert str(e.value) == f"{script} was killed by SIGKILL (the out-of-memory killer, or kill -9)"
+    assert failures.reason("x", log) == "x: the last line"  # this command's, not the older one
+    assert failures.ended("eval.py", 3) == "eval.py exited with status 3"
+
+
+def failed_report(seeds=(0, 1)):
+    """A report whose row `bad` failed at every seed and `half` at seed 1."""
+
+    def run(seed, loss):
+        return {
+            "seed": seed,
+            "step": 10,
+            "loss": {"8": loss, "16": loss + 0.5},
+            "eval_curve": [[5, loss + 1], [10, loss]],
+            "train_curve": [[5, 2.0], [10, 1.0]],
+        }
+
+    fail = lambda seed: {
+        "seed": seed,
+        "reason": f"train.py exited with status 1: non-finite "  # noqa: E731
+        f"loss (nan) at step 4 [{seed}]",
+        "log": f"/w/bad/seed_{seed}/train.log",
+    }
+    return {"config": "c.py", "title": "", "command": "python -m rope_jax.experiments.sweep",
+            "date": "d", "jax": "j", "device": "cpu", "settings": {}, "seeds": list(seeds),
+            "seq_lens": ["8", "16"], "splits": [], "eval_split": "validation",
+            "article_loss": {"good": 2.0, "half": 2.5, "bad": 3.0},
+            "rows": {"good": {"overrides": {"model.rope.sites": "qk"},
+                              "runs": [run(s, 1.0 + s / 10) for s in seeds]},
+                     "half": {"overrides": {"model.rope.sites": "vo"}, "runs": [run(0, 1.5)],
+                              "failed": [dict(fail(1), log="/w/half/seed_1/train.log")]},
+                     "bad": {"overrides": {"model.rope.sites": ""}, "runs": [],
+                             "failed": [fail(s) for s in seeds]}}}  # fmt: skip
+
+
+def test_a_table_names_each_failed_run_and_averages_finished_seeds_only(tmp_path):
+    report = failed_report()
+    md = report_lib.render_markdown(report)
+    lines = {ln.split(" | ")[0]: ln for ln in md.splitlines() if ln.startswith("| ")}
+    assert lines["| row"].startswith("| row | sites | seeds | loss @8 (T) mean ± std")
+    assert lines["| good"].startswith("| good | `qk` | 2 of 2 | 1.0500 ± 0.0707 |")
+    assert lines["| half"].startswith("| half | `vo` | 1 of 2 | 1.5000 ± n/a |")
+    bad = lines["| bad"]
+    assert bad.startswith("| bad | NoPE | 0 of 2 | failed |")
+    assert not any(c.isdigit() for c in bad.removeprefix("| bad | NoPE | 0 of 2"))
+    assert (
+        "- bad seed 0: train.py exited with status 1: non-finite loss (nan) at step 4 [0] "
+        "(log: `/w/bad/seed_0/train.log`)"
+    ) in md
+    assert "- half seed 1: " in md and "- bad seed 1: " in md
+    assert "over the 2 rows in both" in md  # Kendall tau over the finished rows only
+    saved = []
+    monkey = report_lib.save_figure
+    report_lib.save_figure = lambda fig, path, dpi: saved.append(fig)
+    try:
+        report_lib.plot(report, str(tmp_path / "x.png"))
+    finally:
+        report_lib.save_figure = monkey
+    bars = saved[0].axes[0]
+    assert [t.get_text() for t in bars.get_xticklabels()] == ["good", "half"]
+    assert "bad" in bars.get_xlabel()
+
+
+def _curves_panel(report, tmp_path, monkeypatch):
+    saved = []
+    monkeypatch.setattr(report_lib, "save_figure", lambda fig, path, dpi: saved.append(fig))
+    report_lib.plot(report, str(tmp_path / "x.png"))
+    return saved[0].axes[1]
+
+
+def test_the_plot_draws_the_training_loss_or_says_runs_were_too_short_for_curves(
+    tmp_path, monkeypatch
+):
+    report = failed_report()
+    ax = _curves_panel(report, tmp_path, monkeypatch)
+    assert ax.get_ylabel() == "validation loss (mean over seeds)" and len(ax.lines) == 2
+    for row in report["rows"].values():  # one evaluation (at the end): one dot per row
+        for run in row["runs"]:
+            run["eval_curve"] = run["eval_curve"][-1:]
+    ax = _curves_panel(report, tmp_path, monkeypatch)
+    assert ax.get_ylabel() == "training loss (mean over seeds)" and len(ax.lines) == 2
+    assert "too short for validation curves" in ax.get_title()
+    assert [list(line.get_xdata()) for line in ax.lines] == [[5, 10], [5, 10]]
+    for row in report["rows"].values():
+        for run in row["runs"]:
+            run["train_curve"] = run["train_curve"][-1:]
+    ax = _curves_panel(report, tmp_path, monkeypatch)
+    assert not ax.lines and "runs too short for curves" in ax.texts[0].get_text()
+
+
+DIVERGE = """from configs.lm import get_config  # noqa: F401
+
+
+def sweep(add):
+    add(name="diverge", **{"optim.lr": 1e6})  # the loss is non-finite within 5 steps
+    add(name="good", **{"optim.lr": 3e-3})
+"""
+
+
+@pytest.mark.slow
+def test_a_diverging_row_fails_alone_the_table_names_it_and_the_rerun_skips_the_good_row(
+    tmp_path, capsys
+):
+    config = tmp_path / "diverge.py"
+    config.write_text(DIVERGE)
+    workdir = tmp_path / "runs"
+    argv = [f"--config={config}:size=tiny", f"--workdir={workdir}", "--set", TINY,
+            f"--config.data.data_dir={tmp_path / 'tfds'}"]  # fmt: skip
+    message, out, _, _ = _main(argv, capsys)
+    assert message.startswith(
+        "error: 1 of 2 runs failed (row=diverge seed=0): the table names "
+        "them; --status shows why; the same command runs 1 of them again"
+    )
+    assert "[2/2] row=good seed=0  new" in out and (workdir / "good/seed_0/eval_10.json").exists()
+    report = json.loads((workdir / "results.json").read_text())
+    (failed,) = report["rows"]["diverge"]["failed"]
+    assert report["rows"]["diverge"]["runs"] == [] and failed["seed"] == 0
+    assert "became NaN/inf at step 5" in failed["reason"] or "non-finite" in failed["reason"]
+    assert failed["log"] == str(workdir / "diverge/seed_0/train.log")
+    md = (workdir / "results.md").read_text()
+    assert md == report_lib.render_markdown(report)
+    assert "| diverge | `optim.lr=1000000.0` | 0 of 1 | failed |" in md
+    assert f"- diverge seed 0: {failed['reason']} (log: `{failed['log']}`)" in md
+    good_log = (workdir / "good/seed_0/train.log").read_text()
+
+    message, out, _, _ = _main(argv, capsys)  # retried once: fails again, the table again
+    assert "[1/2] row=diverge seed=0  failed before, retried" in out
+    assert "[2/2] row=good seed=0  done, skipped" in out
+    assert (workdir / "good/seed_0/train.log").read_text() == good_log  # not retrained
+    assert "does not run it again" in message and (workdir / "results.md").exists()
+    assert json.loads((workdir / "diverge/seed_0/failed.json").read_text())["failures"] == 2
+
+    log = (workdir / "diverge/seed_0/train.log").read_text()
+    message, out, _, seconds = _main(argv, capsys)  # a deterministic failure: not again
+    assert "[1/2] row=diverge seed=0  failed, not retried (failed 2 times" in out
+    assert (workdir / "diverge/seed_0/train.log").read_text() == log and seconds < 30
+    assert message.startswith("error: 1 of 2 runs failed")
+    message, out, _, _ = _main([*argv, "--status"], capsys)
+    assert message is None and "2 runs: 1 done, 0 partial, 0 new, 1 failed" in out
+    assert f"failed (2 times): {failed['reason'].split(':')[0]}" in out
+    argv += ["--retries=5", "--skip_failed", "--rows=diverge", f"--results={tmp_path}/skip"]
+    message, out, _, _ = _main(argv, capsys)
+    assert "failed, not retried (--skip_failed)" in out and "no run finished" in message
 
 
 @pytest.fixture(scope="module")

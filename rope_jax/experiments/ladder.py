@@ -83,13 +83,18 @@ def bootstrap_tau(losses: dict, reference: dict, *, draws: int = 2000, seed: int
 
 
 def rung(report: dict, rows) -> dict:
-    """One rung's numbers: tau with its interval, ranks, NoPE's rank, mean ± std per length."""
-    rows = [r for r in rows if r in report["rows"]]
+    """One rung's numbers: tau with its interval, ranks, NoPE's rank, mean ± std per length,
+    over each row's finished seeds. A row whose every run failed is in `failed` (with
+    its failed seeds), out of the order and the numbers."""
+    failed = {r: [f["seed"] for f in report["rows"][r].get("failed", [])]
+              for r in rows if r in report["rows"] and not report["rows"][r]["runs"]}  # fmt: skip
+    rows = [r for r in rows if r in report["rows"] and r not in failed]
     if len(rows) < 2:  # one row has no order, no tau
-        raise ValueError(f"holds {len(rows)} of the rows compared (--rows): a rung orders "
-                         "two or more")  # fmt: skip
+        raise ValueError(f"holds {len(rows)} of the rows compared (--rows) with a finished "
+                         "run: a rung orders two or more")  # fmt: skip
     t = report["seq_lens"][0]
     reference = {r: v for r, v in (report.get("article_loss") or {}).items() if r in rows}
+    reference_all = report.get("article_loss") or {}  # failed rows keep their reference rank
     at_t = seed_losses(report, rows, t)
     tau, low, high = bootstrap_tau(at_t, reference)
     order = ranks({r: float(np.mean(v)) for r, v in at_t.items()})
@@ -110,8 +115,12 @@ def rung(report: dict, rows) -> dict:
             "seq_lens": report["seq_lens"], "tau": tau,
             "tau_p": kendall({r: np.mean(v) for r, v in at_t.items()}, reference)[1],
             "tau_ci": [low, high], "ranks": order, "nope_rank": order.get("nope"),
-            "reference_ranks": ranks(reference), "stats": stats, "bits_per_byte": bpb,
-            "growth": growth}  # fmt: skip
+            "reference_ranks": ranks({r: v for r, v in reference_all.items()
+                                      if r in rows or r in failed}),
+            "stats": stats, "bits_per_byte": bpb,
+            "growth": growth, "failed": failed,
+            "failed_runs": sum(len(report["rows"][r].get("failed", [])) for r in report["rows"])
+            }  # fmt: skip
 
 
 def _rung(path: str, report: dict, rows) -> dict:
@@ -123,8 +132,16 @@ def _rung(path: str, report: dict, rows) -> dict:
 
 
 def all_rows(rungs: list[dict]) -> list[str]:
-    """Every row of any rung, in the order they were asked for."""
-    return list(dict.fromkeys(r for g in rungs for r in g["rows"]))
+    """Every row of any rung (failed ones too), in the order they were asked for."""
+    return list(dict.fromkeys(r for g in rungs for r in [*g["rows"], *g.get("failed", {})]))
+
+
+def cell(g: dict, r: str, value) -> str:
+    """A rung's cell of row `r`: `value(g, r)` where the row finished, `failed` where
+    every run of it failed, a dash where the rung lacks it."""
+    if r in g.get("failed", {}):
+        return "failed"
+    return value(g, r) if r in g["rows"] else "—"
 
 
 def render(rungs: list[dict], command: str) -> str:
@@ -152,8 +169,8 @@ def render(rungs: list[dict], command: str) -> str:
             "| row | " + " | ".join(g["label"] for g in rungs) + " |",
             "|---|" + "---|" * len(rungs)]  # fmt: skip
     for r in sorted(rows, key=lambda r: ref.get(r, 99)):
-        out.append(f"| {r} ({ref.get(r, '—')}) | "
-                   + " | ".join(str(g["ranks"].get(r, "—")) for g in rungs) + " |")  # fmt: skip
+        out.append(f"| {r} ({ref.get(r, '—')}) | " + " | ".join(
+            cell(g, r, lambda g, r: str(g["ranks"][r])) for g in rungs) + " |")  # fmt: skip
     grown = [g for g in rungs if g.get("growth")]
     if grown:
         out += ["", "Growth of the held-out loss from T to the longest length evaluated "
@@ -161,9 +178,7 @@ def render(rungs: list[dict], command: str) -> str:
                 "| row | " + " | ".join(g["label"] for g in grown) + " |",
                 "|---|" + "---|" * len(grown)]  # fmt: skip
         for r in sorted(rows, key=lambda r: ref.get(r, 99)):
-            cells = [
-                plus_minus(g["growth"][r], sign=True) if r in g["growth"] else "—" for g in grown
-            ]
+            cells = [cell(g, r, lambda g, r: plus_minus(g["growth"][r], sign=True)) for g in grown]
             out.append(f"| {r} | " + " | ".join(cells) + " |")
     for g in rungs:
         lens = g["seq_lens"]
@@ -177,7 +192,22 @@ def render(rungs: list[dict], command: str) -> str:
             cells = [plus_minus(g["stats"][t][r]) for t in lens]
             cells += [plus_minus(bpb[r]) if bpb.get(r) else "—"] if bpb else []
             out.append(f"| {r} | " + " | ".join(cells) + " |")
-    return "\n".join(out) + "\n"
+        for r in g.get("failed", {}):  # never a number
+            out.append(f"| {r} | " + " | ".join(["failed"] * (len(lens) + bool(bpb))) + " |")
+    return "\n".join(out + failed_note(rungs)) + "\n"
+
+
+def failed_note(rungs: list[dict]) -> list[str]:
+    """A line per rung with failed runs: how many, and which rows failed outright."""
+    out = []
+    for g in rungs:
+        if g.get("failed_runs"):
+            rows = ", ".join(g["failed"]) or "none"
+            out.append(
+                f"- {g['label']}: {g['failed_runs']} failed run(s) (out of every number; "
+                f"its sweep's table names them); rows with no finished run: {rows}"
+            )
+    return ["", "Failed runs:", "", *out] if out else []
 
 
 def plot(rungs: list[dict], path: str) -> None:

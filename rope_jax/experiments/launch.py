@@ -2,8 +2,9 @@
 
 Jobs run one after another from the repository root, each with its own workdir and
 log, sharing one compilation cache. A finished job is skipped, an unfinished one
-resumes from its checkpoint; Ctrl-C (or SIGTERM) reaches the sweep, which passes
-SIGTERM to the child so train.py saves before exiting. `train_command`, `eval_command`
+resumes from its checkpoint; a failed one is recorded (`failures`) and the next one
+starts. Ctrl-C (or SIGTERM) reaches the sweep, which passes SIGTERM to the child so
+train.py saves before exiting. `train_command`, `eval_command`
 and `cache_env` are the commands and environment of a job for every launcher (the
 SLURM launcher writes the same into its batch scripts).
 """
@@ -21,6 +22,7 @@ import sys
 import time
 import warnings
 
+from rope_jax.experiments import failures
 from rope_jax.experiments.plan import ROOT, Job, SweepError, status
 from rope_jax.experiments.report import collect
 
@@ -85,7 +87,7 @@ def launch(cmd: list, log_path: str, env: dict, heartbeat_s: float = HEARTBEAT_S
             proc.wait()
             raise
     if rc != 0:
-        raise SweepError(f"{cmd[1]} exited with status {rc}")
+        raise SweepError(failures.ended(cmd[1], rc))
 
 
 def last_progress_line(log_path: str) -> str | None:
@@ -139,7 +141,9 @@ def train_until(workdir: str, flags, final_step: int, env: dict, label: str) -> 
 
 
 def execute(run: Job, env: dict) -> None:
-    """train.py (unless its final checkpoint exists), then eval.py at T, 2T, 4T."""
+    """train.py (unless its final checkpoint exists), then eval.py at T, 2T, 4T. A
+    failure is a SweepError whose text is the reason in one line (how the step ended
+    and the log's error line); the log's last lines go to stderr."""
     os.makedirs(run.workdir, exist_ok=True)
     log = os.path.join(run.workdir, "train.log")
     try:
@@ -151,7 +155,7 @@ def execute(run: Job, env: dict) -> None:
     except SweepError as e:
         with open(log) as f:
             print("".join("    " + line for line in f.readlines()[-25:]), end="", file=sys.stderr)
-        raise SweepError(f"run row={run.row} seed={run.seed} failed: {e}; log: {log}") from None
+        raise SweepError(failures.reason(str(e), log)) from None
 
 
 class Eta:
@@ -175,24 +179,49 @@ class Eta:
         return str(datetime.timedelta(seconds=round(seconds)))
 
 
-def run_all(runs: list[Job], workdir: str) -> None:
-    """Runs what is not done, in order, with progress and an ETA on stdout."""
+def run_all(runs: list[Job], workdir: str, retries: int = failures.RETRIES,
+            skip_failed: bool = False) -> list[dict]:  # fmt: skip
+    """Runs what is not done, in order, with progress and an ETA on stdout. A run that
+    fails is recorded (`failures.record`) and the next one starts; a run that failed
+    before runs again unless `failures.retried` says no. Returns the failed runs:
+    {row, seed, reason, log, failures}."""
     env = dict(os.environ, **cache_env(workdir))
-    eta = Eta()
+    eta, failed = Eta(), []
     for k, run in enumerate(runs, 1):
         state, head = status(run), f"[{k}/{len(runs)}] row={run.row} seed={run.seed}"
         if state == "done":
             print(f"{head}  done, skipped", flush=True)
             continue
+        rec = failures.read(run.workdir) if state == "failed" else None
+        if rec and not failures.retried(rec, retries, skip_failed):
+            print(f"{head}  failed, not retried ({failures.why_not_retried(rec, skip_failed)})"
+                  f": {rec['reason']}", flush=True)  # fmt: skip
+            failed.append(dict(rec, row=run.row, seed=run.seed))
+            continue
         left = eta.left((r.workdir, r.final_step) for r in runs[k - 1 :])  # done ones: 0
+        state = f"failed before, retried ({rec['reason']})" if rec else state
         print(f"{head}  {state}  {run.workdir}  ETA {left}", flush=True)
         start, before = time.time(), latest_checkpoint(run.workdir) or 0
-        execute(run, env)
+        try:
+            execute(run, env)
+        except SweepError as e:
+            log = os.path.join(run.workdir, "train.log")
+            rec = failures.record(run.workdir, str(e), log)
+            print(f"    FAILED: {rec['reason']}; log: {log}", flush=True)
+            failed.append(dict(rec, row=run.row, seed=run.seed))
+            continue
+        failures.clear(run.workdir)
         seconds = time.time() - start
         eta.add(seconds, run.final_step - before)
-        rec = collect(run)
-        train = f"train loss {rec['train_curve'][-1][1]:.4f}, " if rec["train_curve"] else ""
-        evals = ", ".join(f"{rec['loss'][str(t)]:.4f} @{t}" for t in run.seq_lens)
-        accs = ", ".join(f"{s} {rec['accuracy'][s]:.3f}" for s in run.splits)
-        accs = f"; answer accuracy {accs}" if accs else ""
-        print(f"    {seconds:.0f}s  {train}held-out loss {evals}{accs}", flush=True)
+        print(f"    {seconds:.0f}s  {result_line(run)}", flush=True)
+    return failed
+
+
+def result_line(run: Job) -> str:
+    """A finished run's last training loss and held-out losses (answer accuracies)."""
+    rec = collect(run)
+    train = f"train loss {rec['train_curve'][-1][1]:.4f}, " if rec["train_curve"] else ""
+    evals = ", ".join(f"{rec['loss'][str(t)]:.4f} @{t}" for t in run.seq_lens)
+    accs = ", ".join(f"{s} {rec['accuracy'][s]:.3f}" for s in run.splits)
+    accs = f"; answer accuracy {accs}" if accs else ""
+    return f"{train}held-out loss {evals}{accs}"

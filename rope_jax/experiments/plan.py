@@ -18,6 +18,7 @@ import re
 import shlex
 
 from rope_jax import defaults
+from rope_jax.experiments import failures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # train.py
 SETTINGS = ("model.num_layers", "model.embed_dim", "model.num_heads", "model.num_kv_heads",
@@ -224,7 +225,8 @@ def plan(args) -> tuple[list[Job], dict]:
 
 
 def status(run: Job) -> str:
-    """done: eval json of the final step with every length; partial: started; new."""
+    """done: eval json of the final step with every length; failed: not done, with a
+    failure record (`failures`); partial: started; new."""
     path = os.path.join(run.workdir, f"eval_{run.final_step}.json")
     try:
         with open(path) as f:
@@ -233,6 +235,8 @@ def status(run: Job) -> str:
             return "done"
     except (OSError, ValueError):  # missing, or cut short by a kill
         pass
+    if failures.read(run.workdir) is not None:
+        return "failed"
     return "partial" if os.path.isdir(run.workdir) else "new"
 
 

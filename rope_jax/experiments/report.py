@@ -91,7 +91,7 @@ def summarize(report: dict) -> list[dict]:
              "stats": {t: mean_std([r["loss"][t] for r in row["runs"]])
                        for t in report["seq_lens"]},
              "degrade": mean_std([r["loss"][last] - r["loss"][t] for r in row["runs"]])}
-            for name, row in report["rows"].items()]  # fmt: skip
+            for name, row in finished_rows(report).items()]  # fmt: skip
     by_bytes = tokenizers_differ(report) and all(r["bpb"] for r in rows)
     ours = ranks({r["name"]: (r["bpb"] if by_bytes else r["stats"][t])[0] for r in rows})
     article = {k: v for k, v in (report["article_loss"] or {}).items() if k in ours}
@@ -143,7 +143,8 @@ def render_markdown(report: dict) -> str:
     sites_only = lambda over: set(over) == {"model.rope.sites"}
     what = "sites" if all(sites_only(r["overrides"]) for r in rows) else "sites or overrides"
     by_bytes = tokenizers_differ(report) and all(r["bpb"] for r in rows)
-    head = ["row", what, f"loss @{t} (T) mean ± std"]
+    failed = failed_runs(report)  # then each row's seeds, and rows with none finished
+    head = ["row", what, *(["seeds"] if failed else []), f"loss @{t} (T) mean ± std"]
     head += [f"bits/byte @{t} mean ± std"] if by_bytes else []
     head += [f"loss @{s} ({int(s) // int(t)}T) mean ± std" for s in lens[1:]] + ["rank"]
     # KV-cache bytes per token, shown when rows differ in it (tied vs separate K/V, ...).
@@ -157,7 +158,8 @@ def render_markdown(report: dict) -> str:
         what = ", ".join(f"`{k}={v}`" for k, v in r["overrides"].items()) or "(base)"
         if sites_only(r["overrides"]):
             what = f"`{r['overrides']['model.rope.sites']}`".replace("``", "NoPE")
-        cells = [r["name"], what, _pm((mean, std), "{:.4f}")]
+        cells = [r["name"], what, *([seed_count(report, r["name"])] if failed else []),
+                 _pm((mean, std), "{:.4f}")]  # fmt: skip
         cells += [_pm(r["bpb"], "{:.4f}")] if by_bytes else []
         cells += [_pm(r["stats"][s], "{:.4f}") for s in lens[1:]] + [str(r["rank"])]
         cells += [f"{kv[r['name']]:,}"] if kv else []
@@ -165,9 +167,20 @@ def render_markdown(report: dict) -> str:
             has = r["article"] is not None
             cells += [f"{r['article']:.3f}" if has else "—", str(r["article_rank"] or "—")]
         out.append("| " + " | ".join(cells) + " |")
+    for name, row in report["rows"].items():  # no finished run: failed, never a number
+        if not row["runs"]:
+            what = ", ".join(f"`{k}={v}`" for k, v in row["overrides"].items()) or "(base)"
+            if sites_only(row["overrides"]):
+                what = f"`{row['overrides']['model.rope.sites']}`".replace("``", "NoPE")
+            n = len(head) - 3
+            out.append(f"| {name} | {what} | 0 of {n_seeds} | " + " | ".join(["failed"] * n)
+                       + " |")  # fmt: skip
     step = report["rows"][rows[0]["name"]]["runs"][0]["step"]
     spread = (f"± sample std (ddof=1) over {n_seeds} seeds" if n_seeds > 1 else
               "one seed, so std is n/a and no gap can be judged against seed noise")  # fmt: skip
+    if failed:
+        spread = ("± sample std (ddof=1) over each row's finished seeds (seeds column; n/a "
+                  "for one)")  # fmt: skip
     out += ["", f"Loss: held-out `{report['eval_split']}` cross-entropy (nats/token) after step "
             f"{step}, mean {spread}. T = {t} is the training context; longer contexts measure "
             "extrapolation. "
@@ -187,7 +200,7 @@ def render_markdown(report: dict) -> str:
         out += ["", "Adjacent pairs of our ranking (resolved: gap > sqrt(std_a² + std_b²)):"]
     out += pair_lines(pairs, "<", digits=4)
     out += _extrapolation_lines(rows, t, lens[-1]) if len(lens) > 1 else []
-    return "\n".join(out) + "\n"
+    return "\n".join(out + failed_lines(report)) + "\n"
 
 
 def _extrapolation_lines(rows: list[dict], t: str, last: str) -> list[str]:
@@ -252,17 +265,49 @@ def plot(report: dict, path: str) -> None:
     bars.set(ylim=(low - pad, high + pad), ylabel=f"held-out loss @T={t} (nats/token)",
              title=title)  # fmt: skip
     bars.tick_params(axis="x", labelrotation=30, labelsize=8)
-    for colour, r in zip(colours, rows, strict=True):
-        runs = [dict(run["eval_curve"]) for run in report["rows"][r["name"]]["runs"]]
-        steps = sorted(set.intersection(*(set(c) for c in runs)))
-        vals = [sum(c[s] for c in runs) / len(runs) for s in steps]
-        curves.plot(steps, vals, marker=".", label=r["name"], color=colour)
-    curves.set(xlabel="step", ylabel="validation loss (mean over seeds)",
-               title="validation loss during training")  # fmt: skip
-    curves.legend(fontsize=8)
+    failed = [name for name, row in report["rows"].items() if not row["runs"]]
+    if failed:
+        bars.set_xlabel(f"failed (no finished run): {', '.join(failed)}", color="tab:red")
+    draw_curves(curves, report, rows, colours)
     fig.suptitle(report["config"])
     fig.tight_layout()
     save_figure(fig, path, 120)
+
+
+def curves_of(report: dict, names) -> tuple[str, dict]:
+    """What the curves panel draws: (label, {row: (steps, mean over its seeds)}) of the
+    validation loss where a row has it at two or more steps, else of the training loss;
+    ("", {}) when neither has two points (runs shorter than their logging intervals)."""
+    for key, label in (("eval_curve", "validation loss"), ("train_curve", "training loss")):
+        drawn = {}
+        for name in names:
+            runs = [dict(run.get(key) or []) for run in report["rows"][name]["runs"]]
+            steps = sorted(set.intersection(*(set(c) for c in runs)))
+            drawn[name] = (steps, [sum(c[s] for c in runs) / len(runs) for s in steps])
+        if any(len(steps) > 1 for steps, _ in drawn.values()):
+            return label, drawn
+    return "", {}
+
+
+def draw_curves(ax, report: dict, rows: list[dict], colours) -> None:
+    """The right panel: validation curves, the training loss when the runs were too
+    short for validation curves (said in the title), or a note that they were too short
+    for either."""
+    label, drawn = curves_of(report, [r["name"] for r in rows])
+    if not label:
+        ax.text(0.5, 0.5, "runs too short for curves:\nloss logged at fewer than 2 steps\n"
+                "(train.log_every_steps, train.eval_every_steps)", ha="center", va="center",
+                transform=ax.transAxes)  # fmt: skip
+        ax.set(xticks=[], yticks=[], title="no curves: runs too short")
+        return
+    for colour, r in zip(colours, rows, strict=True):
+        steps, values = drawn[r["name"]]
+        ax.plot(steps, values, marker=".", label=r["name"], color=colour)
+    title = f"{label} during training"
+    if label == "training loss":
+        title += "\n(runs too short for validation curves: < 2 evaluations)"
+    ax.set(xlabel="step", ylabel=f"{label} (mean over seeds)", title=title)
+    ax.legend(fontsize=8)
 
 
 # ------------------------------------------------------------ held-out splits (accuracy)
@@ -273,7 +318,7 @@ def split_summary(report: dict) -> list[dict]:
     accuracy and loss per split, per-task accuracy per split, and the mean accuracy over
     the generalisation splits (every split after the first)."""
     splits, rows = report["splits"], []
-    for name, row in report["rows"].items():
+    for name, row in finished_rows(report).items():
         runs = row["runs"]
         acc = {s: mean_std([r["accuracy"][s] for r in runs]) for s in splits}
         general = mean_std([sum(r["accuracy"][s] for s in splits[1:]) / max(len(splits) - 1, 1)
@@ -334,6 +379,7 @@ def render_splits_markdown(report: dict) -> str:
             f"for every run; `{splits[0]}` has the training grid shapes on unseen digits, the "
             "others change one thing each. Rank 1 = highest accuracy on "
             f"`{splits[0]}`."]  # fmt: skip
+    out += failed_lines(report)
     for label, key in (
         (splits[0], lambda r: r["acc"][splits[0]]),
         (general, lambda r: r["general"]),
@@ -476,14 +522,20 @@ def save_figure(fig, path: str, dpi: int) -> None:
     write_atomic(path, buffer.getvalue())
 
 
-def write_report(runs: list[Job], context: dict, argv, results: str) -> dict:
-    """Collects every run into <results>.json, then writes <results>.md and .png."""
+def write_report(runs: list[Job], context: dict, argv, results: str,
+                 failed: list[dict] = ()) -> dict:  # fmt: skip
+    """Collects the finished `runs` into <results>.json, then writes <results>.md and
+    .png. Every planned row is in it; a failed run (`failures`) is listed in its row's
+    "failed" (seed, reason, log) and left out of the means."""
     import jax
 
-    rows = {}
+    rows = {r: {"overrides": o, "runs": []} for r, o in context["overrides"].items()}
     for run in runs:
-        rows.setdefault(run.row, {"overrides": context["overrides"][run.row], "runs": []})
         rows[run.row]["runs"].append(collect(run))
+    for f in sorted(failed, key=lambda f: (f["seed"], f["row"])):
+        rows[f["row"]].setdefault("failed", []).append(
+            {"seed": f["seed"], "reason": f["reason"], "log": f["log"],
+             "failures": f.get("failures", 1)})  # fmt: skip
     report = dict(context, command=format_command(argv), jax=jax.__version__, rows=rows,
                   date=datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
                   **provenance_of([run.workdir for run in runs], context.get("device")),
@@ -495,3 +547,36 @@ def write_report(runs: list[Job], context: dict, argv, results: str) -> dict:
     write_page(results, report, page)
     (plot_splits if splits else plot)(report, results + ".png")
     return report
+
+
+# ------------------------------------------------------------------ failed runs
+
+
+def failed_runs(report: dict) -> list[dict]:
+    """Every failed run of a report: {row, seed, reason, log, failures}, seed by seed."""
+    out = [dict(f, row=name) for name, row in report["rows"].items() for f in row.get("failed", [])]
+    return sorted(out, key=lambda f: (f["seed"], f["row"]))
+
+
+def finished_rows(report: dict) -> dict:
+    """The report's rows with at least one finished run (those with none failed)."""
+    return {name: row for name, row in report["rows"].items() if row["runs"]}
+
+
+def failed_lines(report: dict) -> list[str]:
+    """The page's list of failed runs (none: no lines)."""
+    failed = failed_runs(report)
+    if not failed:
+        return []
+    out = ["", f"Failed runs ({len(failed)}; not in the numbers above: each row's mean is over "
+           "its finished seeds; the same command runs a failed run again while it has failed "
+           "at most --retries times):", ""]  # fmt: skip
+    for f in failed:
+        times = "" if f.get("failures", 1) == 1 else f" (failed {f['failures']} times)"
+        out.append(f"- {f['row']} seed {f['seed']}{times}: {f['reason']} (log: `{f['log']}`)")
+    return out
+
+
+def seed_count(report: dict, name: str) -> str:
+    """`2 of 3`: a row's finished seeds of those planned."""
+    return f"{len(report['rows'][name]['runs'])} of {len(report['seeds'])}"

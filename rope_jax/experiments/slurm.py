@@ -20,12 +20,15 @@ reach the tasks, not srun, which answers its own SIGTERM by killing them (`scanc
 to <workdir>/slurm_jobs.json (row, seed, job id, submit time, script).
 
 The same command again looks at every run: done -> skipped; its job still pending or
-running (squeue, else sacct) -> left alone; otherwise (never submitted, or its job
-failed, was cancelled, timed out, was preempted for good, or is gone) -> submitted,
-resuming from its checkpoint. Once every run is done it writes the table and plot of
-the local launcher. By default it submits and returns: a sweep of long jobs should not
-depend on a process staying alive on a login node. --wait polls (every --poll seconds)
-until every job has ended, then writes the table.
+running (squeue, else sacct) -> left alone; never submitted -> submitted; its job
+failed, was cancelled, timed out, was preempted for good, or is gone -> recorded as a
+failure of the run (`failures`: the reason from its slurm.log) and submitted again,
+resuming from its checkpoint, while it has failed at most --retries times (1); after
+that it is reported as failed and left alone. Once no job is queued or running it
+writes the table and plot of the local launcher from the finished runs, naming the
+failed ones (the exit status is then 1). By default it submits and returns: a sweep
+of long jobs should not depend on a process staying alive on a login node. --wait
+polls (every --poll seconds) until every job has ended, then writes the table.
 
 Generated sbatch scripts, not submitit: a job here is two shell commands that the
 harness already makes resumable (train.py saves on SIGTERM and resumes by itself), so
@@ -48,6 +51,7 @@ import subprocess
 import sys
 import time
 
+from rope_jax.experiments import failures
 from rope_jax.experiments.launch import cache_env, eval_command, latest_checkpoint, train_command
 from rope_jax.experiments.plan import ROOT, Job, SweepError, status
 
@@ -89,8 +93,6 @@ def add_flags(p) -> None:
                    help="a raw sbatch option of every job, e.g. --qos=high")  # fmt: skip
     g.add_argument("--wait", action="store_true", default=None,
                    help="wait until every job has ended, then write the table")  # fmt: skip
-    g.add_argument("--status", action="store_true", default=None,
-                   help="print every run's job state and training status, then exit")  # fmt: skip
 
 
 def parse_time(text: str) -> int:
@@ -109,7 +111,7 @@ def parse_time(text: str) -> int:
 def check_options(args) -> None:
     """Bad flag combinations, before the plan is made (one line each); fills in the
     defaults of the SLURM flags for --launcher=slurm."""
-    names = [name for name, _, _ in VALUE_FLAGS] + ["slurm_extra", "wait", "status"]
+    names = [name for name, _, _ in VALUE_FLAGS] + ["slurm_extra", "wait"]
     given = [f"--{name}" for name in names if getattr(args, name, None) is not None]
     if args.launcher != "slurm":
         if given:
@@ -368,19 +370,25 @@ def decide(done: bool, state: str) -> str:
 
 
 def training_status(run: Job) -> str:
-    """`done`, `partial (step 10/20)`, `partial (no checkpoint)` or `new`: what the
-    run's files say."""
+    """`done`, `partial (step 10/20)`, `partial (no checkpoint)`, `failed (step 10/20)`
+    or `new`: what the run's files say."""
     state, step = status(run), latest_checkpoint(run.workdir)
-    if state != "partial":
+    if state not in ("partial", "failed"):
         return state
+    if state == "failed":
+        return f"failed (step {step or 0}/{run.final_step})"
     return f"partial (step {step}/{run.final_step})" if step else "partial (no checkpoint)"
 
 
 # ------------------------------------------------------------------ the commands
 
 
-def survey(runs: list[Job], sweep_workdir: str) -> list[tuple[Job, dict | None, str, str]]:
-    """Per run: (run, newest job record, scheduler state, decision)."""
+def survey(runs: list[Job], sweep_workdir: str, retries: int = failures.RETRIES,
+           skip_failed: bool = False) -> list[tuple[Job, dict | None, str, str]]:  # fmt: skip
+    """Per run: (run, newest job record, scheduler state, decision: done, wait, submit,
+    failed). A job that ended with its run unfinished is recorded as a failure of the
+    run (`failures`, once per job); a failed run is submitted again only while
+    `failures.retried` says so, else its decision is `failed`."""
     latest = latest_jobs(load_jobs(sweep_workdir))
     jobs = [latest.get((run.row, run.seed)) for run in runs]
     states = scheduler_states([j["job_id"] for j in jobs if j])
@@ -388,32 +396,55 @@ def survey(runs: list[Job], sweep_workdir: str) -> list[tuple[Job, dict | None, 
     for run, job in zip(runs, jobs, strict=True):
         done = status(run) == "done"
         state = scheduler_state(job, states, done)
-        out.append((run, job, state, decide(done, state)))
+        what = decide(done, state)
+        if what == "submit" and job is not None:  # its job ended, the run unfinished
+            log = os.path.join(run.workdir, LOG)
+            why = failures.reason(f"job {job['job_id']} {state}", log)
+            failures.record(run.workdir, why, log, job_id=job["job_id"])
+        rec = failures.read(run.workdir) if what == "submit" else None
+        if rec and not failures.retried(rec, retries, skip_failed):
+            what = "failed"
+        out.append((run, job, state, what))
     return out
 
 
-def print_status(runs: list[Job], sweep_workdir: str) -> None:
+def failure_of(run: Job) -> dict:
+    """The failure record of `run` with its row and seed."""
+    rec = failures.read(run.workdir) or {"reason": "unfinished", "failures": 1,
+                                         "log": os.path.join(run.workdir, LOG)}  # fmt: skip
+    return dict(rec, row=run.row, seed=run.seed)
+
+
+def print_status(runs: list[Job], args) -> None:
     """--status: one line per run (row, seed, job id, scheduler state, training
-    status, workdir), then the counts."""
+    status, workdir; a failed run's reason and log below it), then the counts."""
     require_client("squeue")
-    rows = survey(runs, sweep_workdir)
+    rows = survey(runs, args.workdir, args.retries, args.skip_failed)
     width = max(len(run.row) for run in runs)
-    for run, job, state, _ in rows:
+    for run, job, state, what in rows:
         job_id = job["job_id"] if job else "-"
         print(f"{run.row:>{width}}  seed {run.seed}  job {job_id:>7}  {state:<20}  "
               f"{training_status(run):<22}  {run.workdir}")  # fmt: skip
-    counts = {d: sum(r[3] == d for r in rows) for d in ("done", "wait", "submit")}
+        rec = failures.read(run.workdir) if what in ("submit", "failed") else None
+        if rec:
+            again = "to submit again" if what == "submit" else "not retried"
+            print(f"{'':>{width}}  failed {rec['failures']} time(s), {again}: {rec['reason']}; "
+                  f"log: {rec['log']}")  # fmt: skip
+    counts = {d: sum(r[3] == d for r in rows) for d in ("done", "wait", "submit", "failed")}
     print(
         f"{len(runs)} runs: {counts['done']} done, {counts['wait']} queued or running, "
-        f"{counts['submit']} to submit (the same command without --status submits them)"
+        f"{counts['submit']} to submit, {counts['failed']} failed and not retried (the same "
+        "command without --status submits those to submit)"
     )
 
 
-def submit_pending(runs: list[Job], args, command: str) -> list[tuple[Job, str]]:
-    """Submits every run that is neither done nor queued/running; prints one line per
-    run. Returns [(run, job id)] of the runs not done (just submitted or still queued)."""
-    active = []
-    for k, (run, job, state, what) in enumerate(survey(runs, args.workdir), 1):
+def submit_pending(runs: list[Job], args, command: str) -> tuple[list, list[dict]]:
+    """Submits every run that is neither done, queued/running nor failed and not
+    retried; prints one line per run. Returns [(run, job id)] of the runs not done (just
+    submitted or still queued) and the failed runs not retried (`failure_of`)."""
+    active, failed = [], []
+    survey_ = survey(runs, args.workdir, args.retries, args.skip_failed)
+    for k, (run, job, state, what) in enumerate(survey_, 1):
         head = f"[{k}/{len(runs)}] row={run.row} seed={run.seed}"
         if what == "done":
             print(f"{head}  done, skipped", flush=True)
@@ -421,6 +452,11 @@ def submit_pending(runs: list[Job], args, command: str) -> list[tuple[Job, str]]
         if what == "wait":
             print(f"{head}  job {job['job_id']} {state}, left alone", flush=True)
             active.append((run, job["job_id"]))
+            continue
+        if what == "failed":
+            failed.append(failure_of(run))
+            why = failures.why_not_retried(failed[-1], args.skip_failed)
+            print(f"{head}  failed, not retried ({why}): {failed[-1]['reason']}", flush=True)
             continue
         script, before = os.path.join(run.workdir, SCRIPT), training_status(run)
         write_text(script, script_text(args, run, args.workdir, command))
@@ -430,7 +466,7 @@ def submit_pending(runs: list[Job], args, command: str) -> list[tuple[Job, str]]
         print(f"{head}  {before}  {why}: job {job_id}  log {run.workdir}/{LOG}",
               flush=True)  # fmt: skip
         active.append((run, job_id))
-    return active
+    return active, failed
 
 
 def wait_for(active: list[tuple[Job, str]], poll: float) -> None:
@@ -450,32 +486,19 @@ def wait_for(active: list[tuple[Job, str]], poll: float) -> None:
         time.sleep(poll)
 
 
-def unfinished(runs: list[Job], sweep_workdir: str) -> list[str]:
-    """One description per run that is not done: its job, state and log."""
-    out = []
-    for run, job, state, what in survey(runs, sweep_workdir):
-        if what != "done":
-            job_id = job["job_id"] if job else "-"
-            out.append(f"row={run.row} seed={run.seed} job {job_id} {state} "
-                       f"(log {os.path.join(run.workdir, LOG)})")  # fmt: skip
-    return out
-
-
-def run_all(runs: list[Job], args, command: str) -> bool:
-    """--launcher=slurm: submits what is needed; with --wait waits for every job.
-    True when every run is done (the table can be written); SweepError when --wait
-    saw jobs end with runs unfinished."""
+def run_all(runs: list[Job], args, command: str) -> list[dict] | None:
+    """--launcher=slurm: submits what is needed; with --wait waits for every job. None
+    while jobs are queued or running; else the failed runs (`failure_of`: those not
+    retried, and with --wait those whose job ended unfinished now, which the next
+    command submits again), and the table can be written from the rest."""
     require_client("sbatch", "squeue")
-    active = submit_pending(runs, args, command)
+    active, failed = submit_pending(runs, args, command)
     if not active:
-        return True
+        return failed
     if not args.wait:
         print(f"{len(active)} job(s) queued or running: --status shows them; the same "
               "command writes the table once all are done", flush=True)  # fmt: skip
-        return False
+        return None
     wait_for(active, args.poll)
-    left = unfinished(runs, args.workdir)
-    if left:
-        raise SweepError(f"{len(left)} run(s) ended unfinished: {'; '.join(left)}; the same "
-                         "command resubmits them")  # fmt: skip
-    return True
+    ended = survey([run for run, _ in active], args.workdir, args.retries, skip_failed=True)
+    return failed + [failure_of(run) for run, _, _, what in ended if what != "done"]

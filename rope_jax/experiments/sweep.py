@@ -30,7 +30,7 @@ import os
 import sys
 
 from rope_jax import signals
-from rope_jax.experiments import slurm
+from rope_jax.experiments import failures, slurm
 from rope_jax.experiments.launch import run_all
 from rope_jax.experiments.plan import SweepError, format_command, plan, status
 from rope_jax.experiments.report import check_out, write_report
@@ -96,9 +96,29 @@ def parse_args(argv):
                    help="replace <results>.* even if they were made by another plan")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every run; repeatable or comma-separated; "
-                        "{seed} in a value is the run's seed")  # fmt: skip
+                        "{seed} in a value is the run's seed; --config.KEY=VALUE is the "
+                        "same")  # fmt: skip
+    p.add_argument("--retries", type=int, default=failures.RETRIES,
+                   help="a failed run is run again by the same command while it has failed "
+                        "at most this many times (default %(default)s)")  # fmt: skip
+    p.add_argument(
+        "--skip_failed",
+        action="store_true",
+        help="run no failed run again: write the table from the finished runs",
+    )
+    p.add_argument("--status", action="store_true", default=None,
+                   help="print every run's status (failed runs with their reason and log), "
+                        "then exit")  # fmt: skip
     slurm.add_flags(p)
-    return p.parse_args(argv)
+    args, rest = p.parse_known_args(argv)
+    for arg in rest:  # --config.a.b=v, as train.py takes it: the same as --set a.b=v
+        key, sep, value = arg.partition("=")
+        if not (key.startswith("--config.") and sep):
+            p.error(f"unrecognized arguments: {' '.join(rest)}")
+        args.set.append(f"{key.removeprefix('--config.')}={value}")
+    if args.retries < 0:
+        p.error(f"--retries={args.retries} must be >= 0")
+    return args
 
 
 def main(argv=None) -> None:
@@ -113,7 +133,9 @@ def main(argv=None) -> None:
         if args.dry_run:
             print_plan(runs)
         elif args.launcher == "slurm" and args.status:
-            slurm.print_status(runs, args.workdir)
+            slurm.print_status(runs, args)
+        elif args.status:
+            print_plan(runs)
         else:
             sweep(runs, context, args, argv)
     except SweepError as e:
@@ -127,12 +149,18 @@ def main(argv=None) -> None:
 
 
 def print_plan(runs) -> None:
-    """--dry_run: every run with its status (done, partial, new), then the counts."""
+    """--dry_run, --status: every run with its status (done, partial, new, failed: with
+    its reason and log), then the counts."""
     width = max(len(run.row) for run in runs)
     for run in runs:
-        print(f"{run.row:>{width}}  seed {run.seed}  {status(run):>7}  {run.workdir}")
-    counts = [sum(status(r) == s for r in runs) for s in ("done", "partial", "new")]
-    print("{} runs: {} done, {} partial, {} new".format(len(runs), *counts))
+        state = status(run)
+        print(f"{run.row:>{width}}  seed {run.seed}  {state:>7}  {run.workdir}")
+        if state == "failed":
+            rec = failures.read(run.workdir)
+            times = "" if rec["failures"] == 1 else f" ({rec['failures']} times)"
+            print(f"{'':>{width}}  failed{times}: {rec['reason']}; log: {rec['log']}")
+    counts = [sum(status(r) == s for r in runs) for s in ("done", "partial", "new", "failed")]
+    print("{} runs: {} done, {} partial, {} new, {} failed".format(len(runs), *counts))
 
 
 def sweep(runs, context: dict, args, argv) -> None:
@@ -157,14 +185,35 @@ def sweep(runs, context: dict, args, argv) -> None:
 
 
 def _run_and_report(runs, context: dict, args, argv, results: str) -> None:
+    """Runs (or submits) what is not done, then writes the table from the finished runs,
+    naming the failed ones; a SweepError (non-zero exit) when any run failed."""
     if args.launcher == "slurm":
-        if not slurm.run_all(runs, args, format_command(argv)):
+        failed = slurm.run_all(runs, args, format_command(argv))
+        if failed is None:
             return  # jobs still queued or running
         context = dict(context, device=slurm.describe(args))
     else:
-        run_all(runs, args.workdir)
-    write_report(runs, context, argv, results)
-    print(f"wrote {results}.md, {results}.png, {results}.json")
+        failed = run_all(runs, args.workdir, args.retries, args.skip_failed)
+    finished = [run for run in runs if status(run) == "done"]
+    if finished:
+        write_report(finished, context, argv, results, failed=failed)
+        print(f"wrote {results}.md, {results}.png, {results}.json")
+    if failed:
+        raise SweepError(failed_line(failed, len(runs), bool(finished), args))
+
+
+def failed_line(failed: list[dict], total: int, table: bool, args) -> str:
+    """The sweep's last line when runs failed: how many, which, and what happens next."""
+    again = sum(failures.retried(f, args.retries, False) for f in failed)
+    then = (f"the same command runs {again} of them again (--retries={args.retries}; "
+            "--skip_failed: none)" if again else
+            f"each failed more than --retries={args.retries} time(s), so the same command "
+            "does not run it again")  # fmt: skip
+    return (
+        f"{len(failed)} of {total} runs failed ({failures.describe(failed)}): "
+        f"{'the table names them' if table else 'no run finished, so no table'}; "
+        f"--status shows why; {then}"
+    )
 
 
 if __name__ == "__main__":
