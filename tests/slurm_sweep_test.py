@@ -427,3 +427,60 @@ def test_a_bad_partition_is_sbatchs_own_message_in_one_line(cluster, tmp_path, c
     assert message.startswith("error: sbatch refused row=qk seed=0: invalid partition "), message
     assert "no_such_partition" in message and "\n" not in message
     assert slurm.load_jobs(str(tmp_path)) == []
+
+
+DIVERGE = """from configs.lm import get_config  # noqa: F401
+
+
+def sweep(add):
+    add(name="diverge", **{"optim.lr": 1e6})  # the loss is non-finite within 5 steps
+    add(name="good", **{"optim.lr": 3e-3})
+"""
+
+
+@pytest.mark.slow
+def test_a_diverging_row_fails_alone_on_the_cluster_and_the_table_names_it(
+    cluster, data_dir, tmp_path
+):
+    """One job per run (1 task): the diverging row's job fails, the good row's trains;
+    the table names the failed run, exit 1. The same command again leaves the good row
+    alone and resubmits the failed run once; the third time it is not resubmitted."""
+    wait_for_idle_node()
+    config, workdir = tmp_path / "diverge.py", tmp_path / "runs"
+    config.write_text(DIVERGE)
+    argv = [f"--config={config}:size=tiny", f"--workdir={workdir}", "--extrapolate=2",
+            "--set", SET, "--set", f"data.data_dir={data_dir}", "--launcher=slurm",
+            "--wait", "--poll=1"]  # fmt: skip
+    cmd = [sys.executable, "-m", "rope_jax.experiments.sweep", *argv]
+    env = run_env(str(tmp_path / "xla_cache"), 1)
+    run = lambda: subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,  # noqa: E731
+                                 timeout=300)  # fmt: skip
+    try:
+        first = run()
+        assert first.returncode == 1, first.stdout + first.stderr[-3000:]
+        last = first.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: 1 of 2 runs failed (row=diverge seed=0): the table names")
+        report = json.loads((workdir / "results.json").read_text())
+        (failed,) = report["rows"]["diverge"]["failed"]
+        assert re.match(r"job \d+ FAILED: non-finite loss \(nan\) at step \d+;", failed["reason"])
+        assert failed["log"] == str(workdir / "diverge/seed_0/slurm.log")
+        assert report["rows"]["diverge"]["runs"] == [] and len(report["rows"]["good"]["runs"]) == 1
+        md = (workdir / "results.md").read_text()
+        assert "| diverge | `optim.lr=1000000.0` | 0 of 1 | failed |" in md
+        assert "slurm jobs of 1 node(s) x 1 task(s)" in md
+
+        second = run()
+        assert second.returncode == 1, second.stdout + second.stderr[-3000:]
+        assert "[2/2] row=good seed=0  done, skipped" in second.stdout
+        assert re.search(r"\[1/2\] row=diverge seed=0  failed \(step 0/20\)  job \d+ FAILED, "
+                         r"resubmitted: job \d+", second.stdout), second.stdout  # fmt: skip
+        assert "does not run it again" in second.stderr.strip().splitlines()[-1]
+        jobs = slurm.load_jobs(str(workdir))
+        assert [j["row"] for j in jobs] == ["diverge", "good", "diverge"]
+
+        third = run()
+        assert third.returncode == 1 and "failed, not retried (failed 2 times" in third.stdout
+        assert slurm.load_jobs(str(workdir)) == jobs  # nothing submitted
+    finally:
+        ids = [j["job_id"] for j in slurm.load_jobs(str(workdir))]
+        subprocess.run(["scancel", *ids], capture_output=True) if ids else None
