@@ -229,7 +229,7 @@ def _eval_corpus(s: Spec, stream: np.ndarray, tokenizer, *, length, budget, inde
         raise ValueError(f"{s.name}: the haystack text ({len(stream)} tokens) holds {room} "
                          f"examples of {budget} prompt tokens at length {length}; example "
                          f"{index} would repeat text")  # fmt: skip
-    shift = int(np.random.default_rng([seed, _code(s.name), length, 1]).integers(room))
+    shift = int(np.random.default_rng([int(seed) % 2**63, _code(s.name), length, 1]).integers(room))
     slot = (index + shift) % room
     window = stream[slot * budget : (slot + 1) * budget]
 
@@ -261,10 +261,11 @@ def _code(task: str) -> int:
     return zlib.crc32(task.encode())
 
 
-def _rng(task: str, *, length: int, index: int, seed: int, purpose: int) -> np.random.Generator:
-    """The example's generator, fixed by (task, length, index, seed) and the purpose
-    (0 evaluation, 1 training: training examples never equal evaluation ones)."""
-    key = [int(seed) % 2**63, int(index) % 2**63, _code(task), int(length), purpose]
+def _rng(task: str, *, index: int, seed: int, purpose: int) -> np.random.Generator:
+    """The example's generator, fixed by (task, index, seed) and the purpose (0 evaluation,
+    1 training: training examples never equal evaluation ones). Not by the length: example
+    k asks the same keys and values, at the same depth, at every length."""
+    key = [int(seed) % 2**63, int(index) % 2**63, _code(task), purpose]
     return np.random.default_rng(key)
 
 
@@ -273,7 +274,7 @@ def _build(s: Spec, *, length, budget, index, seed, tokenizer, haystack, depth, 
     """The generator's example with a prompt of exactly `budget` tokens; a too-short
     length is one ValueError line naming the shortest that fits."""
     t = templates.template(template, s.family)
-    rng = _rng(s.name, length=length, index=index, seed=seed, purpose=int(train))
+    rng = _rng(s.name, index=index, seed=seed, purpose=int(train))
     corpus = None
     if s.corpus:
         if haystack is None:
