@@ -144,6 +144,7 @@ def check_scaling(
     if scaling is not None and not isinstance(scaling, Mapping):
         raise ValueError(f"scaling={scaling!r} must be a dict of rope scaling keys or None")
     params = {k: v for k, v in (scaling or {}).items() if v is not None}
+    named = "type" if "type" in params and "rope_type" not in params else "rope_type"
     if "type" in params:  # the old spelling of rope_type
         old = params.pop("type")
         if params.setdefault("rope_type", old) != old:
@@ -151,8 +152,8 @@ def check_scaling(
                 f"scaling['type']={old!r} clashes with rope_type={params['rope_type']!r}"
             )
     rope_type = params.setdefault("rope_type", "default")
-    if not isinstance(rope_type, str) or rope_type not in RULES:
-        raise ValueError(f"scaling['rope_type']={rope_type!r} must be one of {', '.join(RULES)}")
+    if not isinstance(rope_type, str) or rope_type not in RULES:  # the key the dict has
+        raise ValueError(f"scaling[{named!r}]={rope_type!r} must be one of {', '.join(RULES)}")
     rule = RULES[rope_type]
     allowed = rule.allowed
     for key in params:

@@ -1477,3 +1477,18 @@ def test_every_flag_that_evaluates_another_model_or_dataset_needs_a_tag():
             eval_lib.check_tagged("", **{name: value})
         eval_lib.check_tagged("x", **{name: value})
         eval_lib.check_tagged("", **{name: None})
+
+
+@pytest.mark.slow  # subprocesses
+@pytest.mark.parametrize("command", [["train.py"], ["eval.py"], ["-m", "rope_jax.hf"]])
+def test_help_exits_0_and_names_no_directory_of_this_machine(command, tmp_path):
+    """absl's --help exits 1, and under `python -m` heads the flags with the module's
+    absolute path."""
+    env = dict(os.environ, HOME=str(tmp_path))
+    for flag in ("--help", "-?", "--helpfull"):
+        proc = subprocess.run([sys.executable, *command, flag], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == 0, (flag, proc.stdout[-500:], proc.stderr[-2000:])
+        assert "--workdir" in proc.stdout, proc.stdout
+        for where in (ROOT, sys.prefix, os.path.dirname(os.__file__)):
+            assert where not in proc.stdout, (flag, where)

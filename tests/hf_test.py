@@ -373,6 +373,10 @@ BAD_INPUT = {
         lambda t: copy_fixture("llama_tied", t, rope_parameters={"rope_type": "mrope",
                                                                  "rope_theta": 1e4}),
         "config.json rope_parameters['rope_type']='mrope' must be one of default, linear"),
+    "unsupported legacy rope type": (  # the error names the key the file has
+        lambda t: copy_fixture("llama_tied", t, rope_parameters=None, rope_theta=1e4,
+                               rope_scaling={"type": "foo", "factor": 2.0}),
+        "config.json rope_scaling['type']='foo' must be one of default, linear"),
     "no weights": (lambda t: os.path.dirname(copy_fixture("llama_tied", t)) + "/nothing",
                    "is not a directory"),
 }  # fmt: skip

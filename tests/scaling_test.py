@@ -352,6 +352,7 @@ _LLAMA = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_fr
 _YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}
 BAD = [
     ("unknown type", {"rope_type": "ntk-by-parts"}, {}, "rope_type"),
+    ("unknown legacy type", {"type": "foo"}, {}, "scaling['type']='foo' must be one of"),
     ("type clash", {"type": "linear", "rope_type": "dynamic", "factor": 2.0}, {}, "type"),
     ("not a dict", "linear", {}, "scaling"),
     ("unknown key", {"rope_type": "linear", "factor": 2.0, "beta_fast": 32}, {}, "beta_fast"),

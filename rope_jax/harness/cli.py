@@ -2,6 +2,10 @@
 
   app.run(main, flags_parser=cli.parse_flags)
 
+`--help` (`-h`, `-?`, `--helpshort`) prints the entry point's usage and its flags,
+`--helpfull` every module's flags, on stdout with exit status 0 (absl exits 1) and
+file paths relative to the repository (or to site-packages).
+
 A bad command line (an unknown `--config.x` field, a config file that is not there,
 a value of the wrong type, an unknown flag) is one line on stderr, `error: ...`, with
 a suggestion where one is close ("did you mean model.rope.sites?"), and exit status
@@ -13,21 +17,25 @@ Unless `--verbosity`/`-v` is given, absl, Orbax and TFDS logs are off
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import glob
+import io
 import os
 import re
 import sys
 
 import jax
 import ml_collections
-from absl import flags
+from absl import app, flags
 from ml_collections.config_flags import config_flags
 
 from rope_jax.harness import console
 
 FLAGS = flags.FLAGS
 USAGE_ERROR = 2  # exit status of a bad command line
+HELP = {"help", "h", "?", "helpshort", "helpfull"}  # --help etc.: the usage, exit 0
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def fail(message: str, code: int = 1):
@@ -73,7 +81,11 @@ def abort(message: str, code: int):
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl's flag parsing, with every failure as one line and exit status 2."""
+    """absl's flag parsing, with every failure as one line and exit status 2; --help
+    prints the usage and exits 0 (`print_help`)."""
+    asked = [a.lstrip("-") for a in argv[1:] if a.startswith("-") and a.lstrip("-") in HELP]
+    if asked:
+        print_help(full="helpfull" in asked)
     try:
         _check_config_file(argv)
         rest = FLAGS(_drop_none_overrides(argv))
@@ -85,6 +97,25 @@ def parse_flags(argv: list[str]) -> list[str]:
         FLAGS.verbosity = -1  # WARNING; also stops app.run raising it to INFO
         console.quiet_logs()
     return rest
+
+
+def print_help(full: bool = False):
+    """The usage (the main module's docstring) and its flags (`full`: every module's) on
+    stdout, file paths made relative to the repository or site-packages; exits 0."""
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        app.usage(shorthelp=not full, writeto_stdout=True)
+    print(readable_paths(text.getvalue()).rstrip("\n"))
+    if not full:
+        print("\nTry --helpfull to get a list of all flags.")
+    sys.exit(0)
+
+
+def readable_paths(text: str) -> str:
+    """`text` without this machine's directories: paths under the repository relative
+    to it, those under a site-packages from there."""
+    text = text.replace(ROOT + os.sep, "")
+    return re.sub(r"(?<![\w.])/\S*?/site-packages/", "", text)
 
 
 def _drop_none_overrides(argv: list[str]) -> list[str]:

@@ -158,10 +158,9 @@ def rope_parameters(hf: dict, name: str, head_dim: int) -> tuple[float, dict]:
     for key in ("partial_rotary_factor", "original_max_position_embeddings"):
         if hf.get(key) is not None:  # top level: transformers gives it priority
             params[key] = hf[key]
-    if "type" in params and "rope_type" not in params:
-        params["rope_type"] = params.pop("type")
-    params.pop("type", None)
-    rope_type = params.get("rope_type", "default")
+    if "rope_type" in params:  # the old spelling beside it is ignored, as transformers does
+        params.pop("type", None)
+    rope_type = params.get("rope_type", params.get("type", "default"))  # errors name `type
     partial = params.get("partial_rotary_factor", 1.0)
     if partial != 1.0 and rope_type == "default":
         params.pop("partial_rotary_factor")  # transformers' default rule rotates every pair
