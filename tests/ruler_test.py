@@ -388,6 +388,7 @@ def test_bad_inputs_are_one_line_value_errors(setting):
         (dict(task="niah_single_2", haystack=None), "pass haystack="),
         (dict(task="niah_single_1", max_new_tokens=0), "max_new_tokens=0 must be an int"),
         (dict(task="niah_single_1", length=0), "length=0 must be an int >= 1"),
+        (dict(task="niah_single_1", index=-1), "index=-1 must be an int >= 0"),
     ]
     for kwargs, message in cases:
         kwargs = {"length": 3000, "haystack": hay, "index": 0, "seed": 0, **kwargs}

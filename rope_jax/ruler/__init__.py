@@ -90,7 +90,7 @@ class Spec:
     """A task: its RULER name, its template family, RULER's answer budget in tokens, its
     scorer ("all" | "part"), whether it hides needles and takes a depth, whether its
     haystack is corpus text, its generator `generate(counts, request) -> prompt.Built` and
-    its counts (RULER's)."""
+    its counts (RULER's) and a note of where they are chosen here."""
 
     name: str
     family: str
@@ -101,6 +101,7 @@ class Spec:
     corpus: bool
     generate: Callable
     counts: dict
+    note: str = ""
 
 
 def _niah(name: str, haystack: str, key: str, value: str, k=1, v=1, q=1) -> Spec:
@@ -124,10 +125,13 @@ TASKS: dict[str, Spec] = {
         _niah("niah_multivalue", "corpus", "words", "numbers", v=4),
         _niah("niah_multiquery", "corpus", "words", "numbers", q=4),
         Spec("vt", "vt", 30, "all", True, False, False, variables.generate,
-             {"num_chains": 1, "num_hops": 4}),
-        Spec("cwe", "cwe", 120, "all", False, False, False, aggregation.generate_cwe, _CWE),
+             {"num_chains": 1, "num_hops": 4},
+             "RULER's 1 chain of 4 hops; num_chains > 1 adds distractor chains"),
+        Spec("cwe", "cwe", 120, "all", False, False, False, aggregation.generate_cwe, _CWE,
+             "RULER's counts; the short template asks for 3 words x 4 among words x 1"),
         Spec("fwe", "fwe", 50, "all", False, False, False, aggregation.generate_fwe,
-             {"alpha": 2.0, "coded_wordlen": 6}),
+             {"alpha": 2.0, "coded_wordlen": 6},
+             "RULER's counts; the short template codes words in 4 letters"),
     )
 }  # fmt: skip
 
@@ -199,9 +203,15 @@ def _round_trip(tokenizer, text: str) -> bool:
     return tokenizer.decode(tokenizer.encode(text)) == text
 
 
-def _check_length(length) -> None:
-    if isinstance(length, bool) or not isinstance(length, int | np.integer) or length < 1:
-        raise ValueError(f"length={length!r} must be an int >= 1")
+def _check_int(name: str, value, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
+        raise ValueError(f"{name}={value!r} must be an int >= {least}")
+
+
+def _check_length(length, index=0, seed=0) -> None:
+    _check_int("length", length, 1)
+    _check_int("index", index, 0)
+    _check_int("seed", seed, 0)
 
 
 # --------------------------------------------------------------------------- corpus
@@ -309,7 +319,7 @@ def make_example(task: str, *, length: int, index: int, seed: int, tokenizer,
     each index uses its own slice of it. `depth` in [0, 1] puts the (first asked) needle
     there, None draws it from DEPTHS."""
     s = spec(task)
-    _check_length(length)
+    _check_length(length, index, seed)
     _check_depth(s, depth)
     new = answer_budget(s, template, max_new_tokens)
     built = _build(s, length=length, budget=length - new, index=index, seed=seed,
@@ -326,7 +336,7 @@ def training_window(task: str, *, length: int, index: int, seed: int, tokenizer,
     take their haystack from `haystack` (the training split's ids), at a random place;
     deterministic in (task, length, index, seed), never equal to an evaluation example."""
     s = spec(task)
-    _check_length(length)
+    _check_length(length, index, seed)
     kwargs = dict(length=length, index=index, seed=seed, tokenizer=tokenizer,
                   haystack=haystack, depth=None, template=template, train=True)  # fmt: skip
     first = _build(s, budget=length, **kwargs)  # the content, and so the target, is drawn first
@@ -348,6 +358,7 @@ def check(task: str, *, length: int, tokenizer, num_examples: int = 1, haystack=
     without repeating."""
     s = spec(task)
     _check_length(length)
+    _check_int("num_examples", num_examples, 1)
     templates.template(template, s.family)
     new = answer_budget(s, template, max_new_tokens)
     check_tokenizer(s, tokenizer, template)
