@@ -273,8 +273,8 @@ def _code(task: str) -> int:
 
 def _rng(task: str, *, index: int, seed: int, purpose: int) -> np.random.Generator:
     """The example's generator, fixed by (task, index, seed) and the purpose (0 evaluation,
-    1 training: training examples never equal evaluation ones). Not by the length: example
-    k asks the same keys and values, at the same depth, at every length."""
+    1 training: training examples never equal evaluation ones). Not by the length: niah and
+    vt example k asks the same keys and values, at the same depth, at every length."""
     key = [int(seed) % 2**63, int(index) % 2**63, _code(task), purpose]
     return np.random.default_rng(key)
 

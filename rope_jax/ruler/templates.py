@@ -16,10 +16,10 @@ tokenized on its own.
 
 Fields: `before`/`after` the text around the context ({type_needle_v}, {query}, {num_v},
 {num_cw} filled in), `needle` the needle sentence, `noise` the repeated filler sentence,
-`singular` the replacements
-RULER makes when one value is asked (`Some` -> `A`, `are` -> `is`, ...), `shots` the
-number of worked examples, `max_new_tokens` the answer budgets (tokens) by family, and
-`counts` overrides of the task counts (see `rope_jax.ruler.TASKS`).
+`singular` the replacements RULER makes when one value is asked (`Some` -> `A`, `are` ->
+`is`, ...), `shots` the number of worked examples (`shot_tokens` the most tokens of vt's),
+`max_new_tokens` the answer budgets (tokens) by family, and `counts` overrides of the task
+counts (see `rope_jax.ruler.TASKS`).
 """
 
 from __future__ import annotations
