@@ -5,6 +5,8 @@ r"""Evaluates a checkpoint of a training run on held-out data.
   python eval.py --workdir=runs/x --fallback            # skip damaged newest steps
   python eval.py --workdir=runs/x --splits=test --tag=test   # eval_<step>_test.json
   python eval.py --workdir=runs/x --seq_lens=128,512 --passkey=100   # + passkey retrieval
+  python eval.py --workdir=runs/x --tasks=niah_single_1,vt,cwe --lengths=512,1024,2048 \
+      --examples=100 --out=runs/x/ruler                # RULER-style suite: a cell per task, length
   python eval.py --workdir=runs/x --data=linux8k_docs --tag=docs   # another dataset
   python eval.py --workdir=runs/x --generate --prompt="ROMEO:" --max_new_tokens=200
   python eval.py --hf=path/to/hf_model --workdir=runs/m [--config=configs/lm.py] [--generate]
@@ -22,6 +24,14 @@ the run's tokenizer (checked first), e.g. one part of the training corpus. --dat
 own result, the one its sweep's table reads. A flag of the other mode (--seq_lens with
 --generate, --prompt without it) is refused, not ignored, and so is a
 --max_position_embeddings that the rule in use reads at no length (default, linear).
+--tasks (default `eval.tasks`, "loss") names the evaluation tasks of `harness.evals` scored
+at every length: loss, passkey, and RULER's synthetic tasks (niah_single_1 ... niah_multiquery,
+vt, cwe, fwe; "ruler" = all of them), which a model answers by greedy decoding; --examples
+sets the examples per length of the tasks that have examples (--passkey=N is --tasks=...,passkey
+--examples=N). With --out=DIR it runs the suite instead (`harness.suite`): DIR/results.json
+(per task and length: the score, examples, settings, commit) and
+DIR/examples/<task>_<length>.jsonl are written as each cell finishes, a rerun resumes at the
+first unfinished cell, and DIR/results.md (task x length) and DIR/heatmap.png close it.
 With --generate it instead prints the prompt and its continuation (greedy, or sampled
 with --temperature > 0), decoded with a key/value cache, up to the first EOS; under
 --rope_scaling a continuation past the training length decodes with that rule.
@@ -48,7 +58,8 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from rope_jax.harness import cli, console, distributed
+from rope_jax.experiments import suite_page
+from rope_jax.harness import cli, console, distributed, evals, suite
 from rope_jax.harness.evaluate import (
     Progress,
     check_tagged,
@@ -65,6 +76,13 @@ def define_flags():
     flags.DEFINE_string("workdir", None, "Training run directory.")
     flags.DEFINE_integer("step", None, "Checkpoint step; default the newest.", lower_bound=0)
     flags.DEFINE_list("seq_lens", [], "Context lengths; default training + eval.seq_lens.")
+    flags.DEFINE_list("lengths", [], "The same as --seq_lens (the suite's name for it).")
+    flags.DEFINE_list("tasks", None, "Evaluation tasks (harness.evals); default eval.tasks; "
+                      "'ruler' = every RULER task.")  # fmt: skip
+    flags.DEFINE_integer("examples", None, "Examples per length of the example-based tasks; "
+                         "default eval.examples.", lower_bound=1)  # fmt: skip
+    flags.DEFINE_string("out", None, "Run the task suite into this directory (results.json, "
+                        "examples/, results.md, heatmap.png); resumable.")  # fmt: skip
     flags.DEFINE_string("split", None, "Data split; default config.data.eval_split.")
     flags.DEFINE_string(
         "data", None, "Another dataset (data.name) with the run's tokenizer; use with --tag."
@@ -121,9 +139,10 @@ def main(argv):
         check_modes()
         if FLAGS.temperature != FLAGS.temperature:  # nan passes absl's lower bound
             raise ValueError("--temperature=nan must be a number >= 0 (0 = greedy)")
-        parse_seq_lens(FLAGS.seq_lens)
+        parse_seq_lens(lengths())
+        asked_tasks()
         rope_scaling = parse_rope_scaling(FLAGS.rope_scaling)
-        if not FLAGS.generate:  # a continuation is printed, no result file written
+        if not FLAGS.generate and not FLAGS.out:  # no eval_<step>.json written
             check_tagged(FLAGS.tag, rope_scaling=rope_scaling, data=FLAGS.data,
                          max_position_embeddings=FLAGS.max_position_embeddings)  # fmt: skip
     except ValueError as e:
@@ -145,19 +164,43 @@ def main(argv):
 
 # flags one mode reads and the other would ignore (--rope_scaling and
 # --max_position_embeddings are read by both)
-EVALUATION_ONLY = ("seq_lens", "split", "splits", "num_batches", "tag", "overwrite", "data",
-                   "data_dir", "passkey")  # fmt: skip
+EVALUATION_ONLY = ("seq_lens", "lengths", "split", "splits", "num_batches", "tag", "overwrite",
+                   "data", "data_dir", "passkey", "tasks", "examples", "out")  # fmt: skip
 GENERATION_ONLY = ("prompt", "max_new_tokens", "temperature", "seed")
+SUITE_UNREAD = ("splits", "tag")  # the suite scores tasks at lengths, into --out
 
 
 def check_modes() -> None:
     """A flag given for the other mode (evaluation or --generate) is a ValueError naming
     it, not ignored."""
     wrong = GENERATION_ONLY if not FLAGS.generate else EVALUATION_ONLY
+    if FLAGS.out and not FLAGS.generate:
+        wrong = (*wrong, *SUITE_UNREAD)
     given = [name for name in wrong if FLAGS[name].present]
     if given:
-        mode = "--generate" if FLAGS.generate else "an evaluation (without --generate)"
+        mode = ("--generate" if FLAGS.generate else "the suite (--out)" if FLAGS.out
+                else "an evaluation (without --generate)")  # fmt: skip
         raise ValueError(f"--{given[0]} is not read by {mode}")
+    if FLAGS.seq_lens and FLAGS.lengths:
+        raise ValueError("--seq_lens and --lengths are one setting: give one of them")
+
+
+def lengths() -> list:
+    """--lengths or --seq_lens (strings; checked by `parse_seq_lens`)."""
+    return FLAGS.lengths or FLAGS.seq_lens
+
+
+def asked_tasks() -> tuple[tuple[str, ...] | None, int | None]:
+    """(tasks, examples) the flags ask for (None: the run's eval.tasks / eval.examples);
+    --passkey=N adds passkey with N examples. A ValueError names an unknown task."""
+    tasks = evals.parse(FLAGS.tasks) if FLAGS.tasks is not None else None
+    examples = FLAGS.examples
+    if FLAGS.passkey:
+        if examples is not None and examples != FLAGS.passkey:
+            raise ValueError(f"--passkey={FLAGS.passkey} and --examples={examples} disagree: "
+                             "give --tasks=...,passkey --examples=N")  # fmt: skip
+        tasks, examples = (*(tasks or ("loss",)), "passkey"), FLAGS.passkey
+    return tasks, examples
 
 
 def _run(progress, rope_scaling):
@@ -179,10 +222,20 @@ def _run(progress, rope_scaling):
             max_position_embeddings=FLAGS.max_position_embeddings,
         )
         return
+    tasks, examples = asked_tasks()
+    if FLAGS.out:
+        suite.run(FLAGS.workdir, FLAGS.out, tasks=tasks, lengths=lengths(), examples=examples,
+                  step=FLAGS.step, split=FLAGS.split, num_batches=FLAGS.num_batches,
+                  fallback=FLAGS.fallback, overwrite=FLAGS.overwrite, rope_scaling=rope_scaling,
+                  max_position_embeddings=FLAGS.max_position_embeddings, data_name=FLAGS.data,
+                  data_dir=FLAGS.data_dir, progress=progress)  # fmt: skip
+        if jax.process_index() == 0:
+            console.note("wrote " + " and ".join(suite_page.write(FLAGS.out)))
+        return
     evaluate_checkpoint(
         FLAGS.workdir,
         step=FLAGS.step,
-        seq_lens=FLAGS.seq_lens,
+        seq_lens=lengths(),
         split=FLAGS.split,
         splits=FLAGS.splits,
         num_batches=FLAGS.num_batches,
@@ -191,7 +244,8 @@ def _run(progress, rope_scaling):
         overwrite=FLAGS.overwrite,
         rope_scaling=rope_scaling,
         max_position_embeddings=FLAGS.max_position_embeddings,
-        passkey_examples=FLAGS.passkey,
+        tasks=tasks,
+        examples=examples,
         data_name=FLAGS.data,
         data_dir=FLAGS.data_dir,
         progress=progress,

@@ -196,6 +196,13 @@ def data(shape: dict = SHAPE) -> ml_collections.ConfigDict:
     data.packing = "stream"  # stream | documents (positions restart, attention per document)
     data.passkey_rate = 0.0  # share of training windows made passkey-retrieval examples
     data.passkey_weight = 1.0  # loss weight of a passkey example's five answer targets
+    # RULER's synthetic tasks in training (`ruler`), e.g. ("niah_single_1", "vt"): a share
+    # synthetic_rate of training windows become examples of one of them (chosen evenly),
+    # made from the window's own text; their answer targets weigh synthetic_weight
+    data.synthetic_tasks = ()
+    data.synthetic_rate = 0.0
+    data.synthetic_weight = 1.0
+    data.task_template = "ruler"  # RULER tasks' wording: ruler (RULER's own) | short (byte models)
     data.text_key = "text"  # feature holding the text in other TFDS datasets
     data.train_split = "train"  # split to train on
     data.eval_split = "validation"  # held-out split evaluated during training
@@ -255,6 +262,11 @@ def eval() -> ml_collections.ConfigDict:
     eval.sample = "first"
     eval.seq_lens = ()  # extra context lengths for eval.py (extrapolation), e.g. (256, 512)
     eval.splits = ()  # extra held-out splits eval.py scores at data.seq_len, e.g. ("test",)
+    # evaluation tasks (`harness.evals.TASKS`) of the in-training evaluation (at data.seq_len)
+    # and of eval.py: loss | passkey | RULER's niah_single_1 ... vt, cwe, fwe ("ruler": all)
+    eval.tasks = ("loss",)
+    eval.examples = 100  # examples per length of the example-based tasks (passkey, RULER's)
+    eval.answer_tokens = 0  # RULER tasks' answer budget in tokens; 0 = each task's own
     return eval
 
 

@@ -130,7 +130,11 @@ def test_bad_passkey_settings_are_one_line_errors(changes, message):
 
 def test_passkey_evaluation_refuses_what_it_cannot_score():
     from configs import multimodal
-    from rope_jax.harness.evaluate import check_passkey
+    from rope_jax.harness import evals
+
+    def check_passkey(config, lengths, examples):
+        config = checks.resolve(config)
+        evals.check(config, ["passkey"], lengths=lengths, examples=examples)
 
     text = common.base_config("tiny")
     check_passkey(text, [128, 1024], 10)  # fine

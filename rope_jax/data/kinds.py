@@ -38,6 +38,7 @@ from rope_jax.data import (
     pipeline,
     prepared,
     sources,
+    synthetic,
     tokenizers,
 )
 
@@ -67,6 +68,7 @@ class Text:
         """Only the packing mode and the passkey rate: the corpus is read later."""
         packing.check(self.config, text=True)
         passkey.check(self.config, byte_text=True)
+        synthetic.check(self.config)
 
     def prepare(self) -> None:
         sources.prepare(self.config)
@@ -106,6 +108,7 @@ class Prepared(Text):
         """Packing, and for a dataset already prepared its tokenizer and splits."""
         packing.check(self.config, text=True)
         passkey.check(self.config, byte_text=False)
+        synthetic.check(self.config)
         if prepared.auto_source(self.config) is None:
             prepared.check_tokenizer(self.config, self.path)
             c = self.config
@@ -149,6 +152,9 @@ class Multimodal:
     def check(self, model_config, eval_splits=()) -> None:
         packing.check(self.config, text=False)
         passkey.check(self.config, byte_text=False)
+        if self.config.synthetic_rate:
+            raise ValueError(f"data.synthetic_rate={self.config.synthetic_rate}: RULER's tasks are "
+                             "text; this data is multimodal (use a text corpus)")  # fmt: skip
         multimodal.check_config(self.config, model_config, eval_splits)
 
     def prepare(self) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import grain
 import numpy as np
 
-from rope_jax.data import packing, passkey, sources
+from rope_jax.data import packing, passkey, sources, synthetic, tokenizers
 from rope_jax.data.tokenizer import EOS_ID, PAD_ID
 
 # Batches are cut with vectorised numpy, so one worker thread plus a small buffer is
@@ -62,17 +62,19 @@ class Windows:
     With `shard=(index, count)` the indices are a global batch for `count` processes and
     this process keeps its contiguous block of B rows, number `index`. With
     `passkey=(rate, seed, weight)` a row becomes a passkey example with probability rate,
-    its answer targets weighted `weight` (`passkey.insert`, training only).
+    its answer targets weighted `weight` (`passkey.insert`, training only); with
+    `synthetic` (a `synthetic.Mix`) a row becomes an example of one of RULER's tasks
+    (`synthetic.Mix.insert`, training only), its answer targets weighted likewise.
     """
 
     def __init__(self, source, seq_len: int, shard: tuple[int, int] = (0, 1), *,
                  packing_mode: str = "stream", target_bytes: bool = False,
-                 passkey: tuple[float, int, float] = (0.0, 0, 1.0)):  # fmt: skip
+                 passkey: tuple[float, int, float] = (0.0, 0, 1.0), synthetic=None):  # fmt: skip
         self.source = TokenArray(source) if isinstance(source, np.ndarray) else source
         self.seq_len = seq_len
         self.shard = shard
         self.packing_mode, self.target_bytes = packing_mode, target_bytes
-        self.passkey = passkey
+        self.passkey, self.synthetic = passkey, synthetic
 
     def __call__(self, indices) -> dict[str, np.ndarray]:
         index, count = self.shard
@@ -83,6 +85,14 @@ class Windows:
         examples = None
         if rate > 0:  # training windows: always whole (valid everywhere)
             window, examples = passkey.insert(window, rows, rate=rate, seed=seed)
+        answer = None
+        if self.synthetic is not None:  # the haystack: this window's text and the next's
+            text = np.concatenate(
+                [window, self.source.windows(rows + 1, self.seq_len)["tokens"]], 1
+            )
+            window, answer = self.synthetic.insert(window, text, rows)
+            if examples is not None:  # a row made a task example is no passkey example
+                examples &= ~answer.any(axis=1)
         batch = {
             "inputs": np.ascontiguousarray(window[:, :-1]),
             "targets": np.ascontiguousarray(window[:, 1:]),
@@ -90,6 +100,8 @@ class Windows:
         }
         if examples is not None and weight != 1:
             batch["weights"][examples, -passkey.DIGITS :] = weight
+        if answer is not None and self.synthetic.weight != 1:
+            batch["weights"][answer[:, 1:]] = self.synthetic.weight
         if self.packing_mode == "documents" and "segment_ids" in w:
             batch.update(packing.fields(w["segment_ids"][:, :-1], w["positions"][:, :-1]))
         elif self.packing_mode == "documents":
@@ -109,9 +121,11 @@ def text_train_iterator(data_config, *, seed: int, batch_size: int, shard: tuple
             f"the train split of {sources.describe(data_config)} has {len(tokens)} tokens, "
             f"fewer than data.seq_len + 1 = {seq_len + 1}"
         )
+    mix = synthetic.Mix.of(data_config, seed=seed, tokenizer=tokenizers.ByteTokenizer(),
+                           text=tokens[: 4 * seq_len + 4])  # fmt: skip
     windows = Windows(tokens, seq_len, shard, packing_mode=packing.mode(data_config),
-                      passkey=(passkey.rate(data_config), seed,
-                               passkey.weight(data_config)))  # fmt: skip
+                      passkey=(passkey.rate(data_config), seed, passkey.weight(data_config)),
+                      synthetic=mix)  # fmt: skip
     return shuffled_batches(num_windows, windows, seed=seed, batch_size=batch_size, shard=shard)
 
 

@@ -26,7 +26,7 @@ import os
 import grain
 import tensorflow_datasets as tfds
 
-from rope_jax.data import packing, pipeline, readers, shards, sources, tokenizers
+from rope_jax.data import packing, pipeline, readers, shards, sources, synthetic, tokenizers
 
 AUTO_DIR = "prepared"  # DIR/prepared/...: corpora prepared on first use
 VERIFIED = "verified.json"  # DIR/NAME/verified.json: shards whose sha256 matched
@@ -256,7 +256,10 @@ def train_iterator(data_config, path: str, *, seed: int, batch_size: int, shard)
             f"the train split of {path} has {len(split)} tokens, fewer than "
             f"data.seq_len + 1 = {seq_len + 1}"
         )
-    windows = pipeline.Windows(split, seq_len, shard=shard, packing_mode=packing.mode(data_config))
+    sample = split.read(0, min(len(split), 4 * seq_len + 4))["tokens"]  # checks the mix
+    mix = synthetic.Mix.of(data_config, seed=seed, tokenizer=tokenizer(path), text=sample)
+    windows = pipeline.Windows(split, seq_len, shard=shard, packing_mode=packing.mode(data_config),
+                               synthetic=mix)  # fmt: skip
     return pipeline.shuffled_batches(num_windows, windows, seed=seed, batch_size=batch_size,
                                      shard=shard, options=READ_OPTIONS)  # fmt: skip
 

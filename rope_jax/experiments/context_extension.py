@@ -252,10 +252,11 @@ def _evaluate(case: Case, meta: dict) -> None:
 
     log = os.path.join(case.workdir, "eval.log")
     with open(log, "a") as f, contextlib.redirect_stdout(f):
+        keys = meta["passkey_examples"]
         evaluate_checkpoint(case.workdir, step=case.final_step, seq_lens=meta["lengths"],
                             num_batches=meta["num_batches"], tag=case.tag, overwrite=True,
-                            rope_scaling=case.scaling,
-                            passkey_examples=meta["passkey_examples"])  # fmt: skip
+                            rope_scaling=case.scaling, examples=keys or None,
+                            tasks=("loss", "passkey") if keys else ("loss",))  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ results

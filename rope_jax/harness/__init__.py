@@ -7,6 +7,9 @@
   feed        batches onto devices: placement, prefetch thread, abstract batches
   loop        train_and_evaluate(config, workdir): the training loop
   evaluate    evaluate_checkpoint / generate_text from a workdir
+  evals/      the evaluation tasks, one registry (loss, passkey, RULER's), named by eval.tasks
+  suite       every task at every length into a directory, resumable (eval.py --out)
+  progress    progress lines of long evaluations and continuations
   checkpoint  Orbax checkpoints, verified on restore (checksums: their crc32 sums)
   runfiles    config.json and tokenizer/ of a workdir; resume: what may change on resume
   metrics     losses, evaluation sums, metric files

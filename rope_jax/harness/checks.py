@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from rope_jax import data, defaults
+from rope_jax import data, defaults, ruler
 from rope_jax.harness import optim
 from rope_jax.nn import model
 
@@ -77,6 +77,18 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     for length in config.eval.seq_lens:
         if not (isinstance(length, int) and length > 0):
             raise ValueError(f"eval.seq_lens={tuple(config.eval.seq_lens)} must be positive ints")
+    _check_tasks(config)
+
+
+def _check_tasks(config) -> None:
+    """The shape of the evaluation-task fields; their names and what each task needs of
+    the data are checked by `harness.evals.check` when a run or an evaluation starts."""
+    tasks = config.eval.tasks
+    if isinstance(tasks, str) or not all(isinstance(t, str) and t for t in tasks) or not tasks:
+        raise ValueError(f"eval.tasks={tasks!r} must be a tuple of task names, e.g. ('loss',)")
+    _positive(config, "eval.examples")
+    _non_negative(config, "eval.answer_tokens")
+    _choice("data.task_template", config.data.task_template, ruler.templates.TEMPLATES)
 
 
 def check_batch_fits_mesh(config, mesh) -> None:

@@ -26,28 +26,26 @@ import functools
 import json
 import os
 import re
-import time
 
 import jax
 import numpy as np
 from absl import logging
 from flax import nnx
 
-from rope_jax import data, defaults, provenance, rotary, sharding
-from rope_jax.data import passkey, sources
+from rope_jax import data, defaults, provenance, rotary
+from rope_jax.data import sources
 from rope_jax.harness import (
     checkpoint,
     checks,
     console,
     distributed,
-    feed,
+    evals,
     hostmem,
-    metrics,
     runfiles,
     setup,
-    steps,
 )
 from rope_jax.harness import workdir as workdir_lib
+from rope_jax.harness.progress import Progress, progress_line  # noqa: F401 (eval.py's)
 from rope_jax.nn import generate
 from rope_jax.nn import model as model_lib
 
@@ -276,9 +274,10 @@ def check_existing(path: str, settings: dict, overwrite: bool) -> None:
 
 
 def eval_settings(config, *, seq_lens, split, splits, num_batches, rope_scaling,
-                  max_position_embeddings, passkey_examples, other_data) -> dict:  # fmt: skip
+                  max_position_embeddings, tasks, examples, other_data) -> dict:  # fmt: skip
     """What an evaluation is made with (recorded in its file): the arguments, with the
-    run's config filling those not given."""
+    run's config filling those not given (`tasks`: `eval.tasks`, `examples`:
+    `eval.examples`)."""
     lengths = parse_seq_lens(seq_lens) or [config.data.seq_len, *config.eval.seq_lens]
     settings = {"seq_lens": lengths,
                 "split": split or config.data.eval_split,
@@ -286,8 +285,11 @@ def eval_settings(config, *, seq_lens, split, splits, num_batches, rope_scaling,
                 "num_batches": config.eval.num_batches if num_batches is None else num_batches,
                 "rope_scaling": rope_scaling,
                 "max_position_embeddings": max_position_embeddings}  # fmt: skip
-    if passkey_examples:  # absent when 0, as in files made before passkeys existed
-        settings["passkey_examples"] = passkey_examples
+    tasks = evals.parse(config.eval.tasks if tasks is None else tasks)
+    if tasks != ("loss",):  # absent for the loss alone, as in files made before tasks
+        settings["tasks"] = list(tasks)
+    # each task's own settings (passkey_examples, examples): absent when it is not run
+    settings.update(evals.settings(tasks, config.eval.examples if examples is None else examples))
     if other_data:  # likewise absent for training's own data
         settings["data"] = {"name": config.data.name, "data_dir": config.data.data_dir}
     return settings
@@ -306,7 +308,8 @@ def evaluate_checkpoint(
     overwrite: bool = False,
     rope_scaling: dict | None = None,
     max_position_embeddings: int | None = None,
-    passkey_examples: int = 0,
+    tasks=None,
+    examples: int | None = None,
     data_name: str | None = None,
     data_dir: str | None = None,
     progress: Progress | None = None,
@@ -316,12 +319,13 @@ def evaluate_checkpoint(
     `rope_scaling` (a dict of rope_parameters keys) evaluates under another context-
     scaling rule than training used; `max_position_embeddings` likewise. `data_name`
     (and `data_dir`) evaluate on another dataset than training's (`with_data`).
-    `passkey_examples` > 0 adds passkey retrieval at every length (`passkey_accuracy`).
-    `progress` prints progress lines of the scoring and checks for a signal per batch.
+    `tasks` (default `eval.tasks`; `harness.evals`) are scored at every length with
+    `examples` (default `eval.examples`) examples each where they have examples; their
+    metrics share each length's entry; `splits` are scored by the loss at the training
+    length. `progress` prints progress lines and checks for a signal per batch.
 
-    The file (`eval_path`) also records the settings and the code that scored it
-    (`provenance.describe`); the returned dict is the same without them. Another model
-    or dataset than the run's needs a `tag` (`check_tagged`).
+    The file (`eval_path`) also records the settings and the code (`provenance`); the
+    returned dict is the same without them. Another model or data needs a `tag`.
     """
     check_tagged(tag, rope_scaling=rope_scaling, max_position_embeddings=max_position_embeddings,
                  data=data_name)  # fmt: skip
@@ -330,18 +334,16 @@ def evaluate_checkpoint(
     settings = eval_settings(config, seq_lens=seq_lens, split=split, splits=splits,
                              num_batches=num_batches, rope_scaling=rope_scaling,
                              max_position_embeddings=max_position_embeddings,
-                             passkey_examples=passkey_examples,
+                             tasks=tasks, examples=examples,
                              other_data=bool(data_name or data_dir))  # fmt: skip
-    seq_lens, split, splits, num_batches = (
-        settings[k] for k in ("seq_lens", "split", "splits", "num_batches"))  # fmt: skip
-    eval_path(workdir, 0, tag)  # a bad tag fails now
-    if passkey_examples:
-        check_passkey(config, seq_lens, passkey_examples)
-    workdir_lib.check_writable(workdir)
+    seq_lens, split, splits, num_batches, tasks = _asked(settings)
+    examples = config.eval.examples if examples is None else examples
+    eval_path(workdir, 0, tag), workdir_lib.check_writable(workdir)  # a bad tag fails now
     # what was asked for must exist and fit before anything else is said of it (a split
     # that is not there, behind "the file exists with other settings", took two tries)
     distributed.process_0_first(data.ensure_built, config.data)  # no concurrent builds
     runfiles.check_tokenizer(workdir, data.kind(config.data).tokenizer())
+    evals.check(config, tasks, split=split, lengths=seq_lens, examples=examples)
     run = setup.build(config)
     hostmem.check_eval(run, config, [*seq_lens, config.data.seq_len] if splits else seq_lens)
     check_splits(config, [split, *splits])
@@ -360,9 +362,9 @@ def evaluate_checkpoint(
         if known is None:  # the step --fallback found
             _hold(stack, result_lock(workdir, path))
             check_existing(path, settings, overwrite)
-        result = _score(run, state["params"], config, step, seq_lens=seq_lens, split=split,
-                        splits=splits, num_batches=num_batches,
-                        passkey_examples=passkey_examples, progress=progress)  # fmt: skip
+        ctx = evals.Context(run, state["params"], config, split=split, num_batches=num_batches,
+                            examples=examples, progress=progress, step=step)  # fmt: skip
+        result = _score(ctx, tasks, seq_lens, splits)
         if progress is not None:
             progress.check()  # a signal dropped in the last batch: nothing is written
         if jax.process_index() == 0:
@@ -375,70 +377,24 @@ def evaluate_checkpoint(
     return result
 
 
-def _score(run, params, config, step: int, *, seq_lens, split, splits, num_batches,
-           passkey_examples, progress) -> dict:  # fmt: skip
-    """The result of `evaluate_checkpoint`: every length on `split`, then every split."""
+def _asked(settings: dict) -> tuple:
+    """(seq_lens, split, splits, num_batches, tasks) of an evaluation's settings."""
+    tasks = evals.parse(settings.get("tasks", ("loss",)))
+    return (*(settings[k] for k in ("seq_lens", "split", "splits", "num_batches")), tasks)
 
-    def watch(what):  # setup.evaluate's wrapper of the batches, or None
-        return progress and functools.partial(progress.watch, what=f"eval {what}",
-                                              total=num_batches or None)  # fmt: skip
 
-    result = {"step": int(step), "split": split, "train_seq_len": config.data.seq_len}
+def _score(ctx: evals.Context, tasks, seq_lens, splits) -> dict:
+    """The result of `evaluate_checkpoint`: every task at every length on `ctx.split`,
+    then the loss of every split in `splits` at the training length."""
+    config = ctx.config
+    result = {"step": int(ctx.step), "split": ctx.split, "train_seq_len": config.data.seq_len}
     for seq_len in seq_lens:
-        result[str(seq_len)] = setup.evaluate(
-            run, params, config, split=split, seq_len=seq_len, num_batches=num_batches,
-            watch=watch(f"step {step}, {split} @{seq_len}"),
-        )  # fmt: skip
-        if passkey_examples:
-            result[str(seq_len)].update(passkey_accuracy(
-                run, params, config, split=split, seq_len=seq_len,
-                num_examples=passkey_examples))  # fmt: skip
-        logging.info("step %d, seq_len %d: %s", step, seq_len, result[str(seq_len)])
+        result[str(seq_len)] = evals.score(ctx, tasks, seq_len)
+        logging.info("step %d, seq_len %d: %s", ctx.step, seq_len, result[str(seq_len)])
     for name in splits:
-        result[name] = setup.evaluate(run, params, config, split=name, num_batches=num_batches,
-                                      watch=watch(f"step {step}, {name}"))  # fmt: skip
-        logging.info("step %d, split %s: %s", step, name, result[name])
+        result[name] = evals.score(dataclasses.replace(ctx, split=name), ("loss",), None)
+        logging.info("step %d, split %s: %s", ctx.step, name, result[name])
     return result
-
-
-class Progress:
-    """Progress lines of a long evaluation or continuation, on stderr (stdout holds
-    eval.py's JSON or text):
-
-      eval step 1250, validation @1024: batch 12/40 in 0:00:09  ETA 0:00:21
-      generate step 1250: token 4,097/30,000 in 0:00:10  ETA 0:01:03
-
-    one every `every_s` seconds (0: after every item), timed from the end of the first
-    item (the one that compiles), so that a short job prints none and the time left is
-    the steady rate's. `check` runs before every item (`signals.StopAtOnce.check`: a
-    signal Python dropped is raised there)."""
-
-    def __init__(self, every_s: float, check=lambda: None, clock=time.monotonic):
-        self.every_s, self.check, self.clock = every_s, check, clock
-
-    def watch(self, items, what: str, total: int | None = None, *, unit: str = "batch",
-              per: int = 1, start: int = 0):  # fmt: skip
-        """`items`, passed through; the lines name `what` ("eval ..." or "generate ...")
-        and count `unit`s: `start + per` for each item done, up to `total` (the ETA's)."""
-        begin, first, last = self.clock(), None, None
-        for done, item in enumerate(items, start=1):
-            self.check()
-            yield item  # the caller uses it before asking for the next
-            now = self.clock()
-            if first is None:
-                first = last = now
-            elif now - last >= self.every_s:
-                last = now
-                count = start + done * per if total is None else min(start + done * per, total)
-                eta = None if not total else (total - count) * (now - first) / (count - per - start)
-                console.note(progress_line(what, count, total, now - begin, eta, unit))
-
-
-def progress_line(what: str, done: int, total: int | None, seconds: float,
-                  eta: float | None, unit: str = "batch") -> str:  # fmt: skip
-    """`<what>: <unit> <done>/<total> in <H:MM:SS>  ETA <H:MM:SS>` (no total: no ETA)."""
-    line = f"{what}: {unit} {done:,}{f'/{total:,}' if total else ''} in {console.hms(seconds)}"
-    return line if eta is None or done == total else f"{line}  ETA {console.hms(eta)}"
 
 
 def _live_note(live: dict | None) -> str:
@@ -461,36 +417,6 @@ def check_tagged(tag: str, **changes) -> None:
             f"than the run's: add --tag=NAME (the result goes to eval_<step>_NAME.json; "
             "eval_<step>.json stays the run's own, the one its sweep's table reads)"
         )
-
-
-def check_passkey(config, seq_lens, num_examples) -> None:
-    """Passkey evaluation needs byte-level text and lengths that hold an example."""
-    if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 0:
-        raise ValueError(f"--passkey={num_examples!r} must be a number of examples >= 0")
-    if data.kind(config.data).name != "text":
-        raise ValueError("--passkey needs byte-level text data (passkey examples are bytes)")
-    for seq_len in seq_lens:
-        passkey.check_length(seq_len)
-
-
-def passkey_accuracy(run: setup.Setup, params, config, *, split: str, seq_len: int,
-                     num_examples: int) -> dict:  # fmt: skip
-    """Passkey retrieval at window length `seq_len`: `num_examples` keys hidden at evenly
-    spread depths of `split`'s text (`data.passkey`). passkey_accuracy: every digit of
-    the key right (exact match); passkey_digit_accuracy: the share of digits right (chance
-    0.1). Every process scores the same examples (its own rows of each global batch)."""
-    filler = sources.token_stream(config.data, split)
-    batch_size, index, count = config.eval.batch_size, jax.process_index(), jax.process_count()
-    local = batch_size // count
-    batches = passkey.eval_batches(filler, seq_len, num_examples, batch_size=batch_size)
-    rows = ({k: v[index * local : (index + 1) * local] for k, v in b.items()} for b in batches)
-    placed = (feed.put_batch(b, run.batch_sharding) for b in rows)
-    step = jax.jit(steps.make_eval_step(run.graphdef, num_tasks=1),
-                   in_shardings=(run.shardings["params"], run.batch_sharding))  # fmt: skip
-    with sharding.use_mesh(run.mesh, run.rules):
-        out = metrics.evaluate(step, params, placed, ("passkey",))
-    return {"passkey_accuracy": out["answer_accuracy"], "passkey_examples": out["questions"],
-            "passkey_digit_accuracy": out["accuracy"]}  # fmt: skip
 
 
 def without_corpus(config):

@@ -40,6 +40,7 @@ from rope_jax.harness import (
     checksums,
     console,
     distributed,
+    evals,
     evaluate,
     feed,
     hostmem,
@@ -125,6 +126,8 @@ def _train(config, workdir, stop, fallback, allow_config_change):
         process_count=jax.process_count(),
     )
     evaluate.check_splits(config, [config.data.eval_split, *config.eval.splits])
+    evals.check(config, config.eval.tasks, lengths=[config.data.seq_len],
+                examples=config.eval.examples)  # fmt: skip
     ckpt = checkpoint.Manager(workdir, keep=config.train.ckpt_keep)
     session = _Session(config, run, workdir, ckpt, stop, changes)
     try:
@@ -297,8 +300,10 @@ def loop(session: _Session, state, start: int, batches) -> dict | None:
     session.mark(start)
 
     def evaluate(step):
-        out = setup.evaluate(run, state["params"], config, split=config.data.eval_split,
-                             num_batches=config.eval.num_batches)  # fmt: skip
+        ctx = evals.Context(run, state["params"], config, split=config.data.eval_split,
+                            num_batches=config.eval.num_batches, examples=config.eval.examples,
+                            step=step)  # fmt: skip
+        out = evals.score(ctx, evals.parse(config.eval.tasks), None)  # the training length
         session.write(step, out, prefix="eval/")
         console.say(f"step {step}  eval on {config.data.eval_split}: {_fmt(out)}")
         return out

@@ -1,0 +1,177 @@
+"""The evaluation registry (`harness.evals`): names, checks, and one task reaching every
+evaluation (in training, eval_<step>.json, the suite) through the registry alone."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from configs import lm
+from rope_jax import defaults
+from rope_jax.harness import checks, evals, metrics, suite
+from rope_jax.harness.evals import generated
+from rope_jax.harness.evaluate import evaluate_checkpoint
+from rope_jax.harness.loop import train_and_evaluate
+
+
+def test_parse_expands_groups_once_and_names_the_nearest_task():
+    assert evals.parse("loss, passkey,loss") == ("loss", "passkey")
+    ruler = evals.parse("ruler")
+    assert ruler == evals.GROUPS["ruler"] and "niah_single_1" in ruler and "vt" in ruler
+    assert evals.parse(["vt", "ruler"])[0] == "vt" and len(evals.parse(["vt", "ruler"])) == len(
+        ruler
+    )
+    for bad, hint in (("niah_single1", "niah_single_1"), ("pasky", "passkey"), ("", None)):
+        with pytest.raises(ValueError) as e:
+            evals.parse(bad)
+        assert "\n" not in str(e.value) and (hint is None or repr(hint) in str(e.value))
+
+
+def test_every_registered_task_has_the_fields_the_evaluations_read():
+    for name, task in evals.TASKS.items():
+        assert task.name == name and isinstance(task.primary, str)
+        assert isinstance(task.settings(10), dict)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("eval.tasks", "loss", "must be a tuple of task names"),
+        ("eval.tasks", (), "must be a tuple of task names"),
+        ("eval.examples", 0, "eval.examples=0 must be > 0"),
+        ("eval.answer_tokens", -1, "eval.answer_tokens=-1 must be >= 0"),
+        ("data.task_template", "long", "data.task_template='long' is not one of"),
+    ],
+)
+def test_the_task_fields_of_a_config_are_checked_in_one_line(field, value, message):
+    config = defaults.config()
+    with config.ignore_type():
+        config.update_from_flattened_dict({field: value})
+    with pytest.raises(ValueError, match=message) as e:
+        checks.check_config(config)
+    assert "\n" not in str(e.value)
+
+
+def test_check_refuses_what_a_task_cannot_score_in_one_line():
+    from configs import multimodal
+
+    text = checks.resolve(lm.get_config("size=tiny"))
+    with pytest.raises(ValueError, match="--examples=0 must be a number of examples"):
+        evals.check(text, ["loss"], lengths=[128], examples=0)
+    with pytest.raises(ValueError, match="unknown evaluation task 'nia'"):
+        evals.check(text, ["nia"], lengths=[128], examples=1)
+    grids = checks.resolve(multimodal.get_config())
+    with pytest.raises(ValueError, match="needs byte-level text") as e:
+        evals.check(grids, ["passkey"], lengths=[128], examples=1)
+    assert "\n" not in str(e.value)
+
+
+class Probe:
+    """A task added the way a new one is: it scores the length and counts its calls."""
+
+    name, primary = "probe", "probe"
+
+    def __init__(self):
+        self.calls = []
+
+    def check(self, config, *, split, lengths, examples):
+        if 999 in lengths:
+            raise ValueError("probe: 999 is not a length it takes")
+
+    def settings(self, examples):
+        return {"probe_examples": examples}
+
+    def score(self, ctx, length):
+        length = length or ctx.config.data.seq_len
+        self.calls.append((ctx.split, length, ctx.examples))
+        records = tuple({"input": str(i), "score": float(i % 2)} for i in range(ctx.examples))
+        return evals.Cell({"probe": float(length), "probe_examples": ctx.examples}, records)
+
+
+def tiny(data_dir, **overrides):
+    config = lm.get_config("size=tiny")
+    m = config.model
+    m.num_layers, m.embed_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.mlp_dim = (
+        1,
+        32,
+        2,
+        1,
+        16,
+        64,
+    )
+    config.data.data_dir = data_dir
+    config.data.seq_len, config.data.global_batch_size = 32, 8
+    config.train.num_steps, config.train.log_every_steps, config.train.eval_every_steps = 4, 2, 2
+    config.train.ckpt_every_steps = 4
+    config.eval.num_batches, config.eval.batch_size = 1, 8
+    config.update_from_flattened_dict(overrides)
+    return config
+
+
+@pytest.mark.slow
+def test_a_registered_task_reaches_training_eval_files_and_the_suite(
+    data_dir, tmp_path, monkeypatch
+):
+    probe = Probe()
+    monkeypatch.setitem(evals.TASKS, "probe", probe)
+    workdir = str(tmp_path / "run")
+    config = tiny(data_dir, **{"eval.tasks": ("loss", "probe"), "eval.examples": 3})
+    train_and_evaluate(config, workdir)
+    evals_seen = [r for r in metrics.read_jsonl(workdir) if "eval/probe" in r]
+    assert [r["eval/probe"] for r in evals_seen] == [32.0, 32.0]  # steps 2 and 4, at T
+    assert all("eval/loss" in r for r in evals_seen)
+
+    result = evaluate_checkpoint(workdir, seq_lens=[32, 64], num_batches=1)
+    assert result["64"]["probe"] == 64.0 and result["64"]["probe_examples"] == 3
+    assert result["64"]["loss"] > 0  # the loss task's entry shares the length
+    saved = json.load(open(os.path.join(workdir, "eval_4.json")))
+    assert (
+        saved["settings"]["tasks"] == ["loss", "probe"] and saved["settings"]["probe_examples"] == 3
+    )
+    with pytest.raises(ValueError, match="999 is not a length"):
+        evaluate_checkpoint(workdir, seq_lens=[999], tag="x")
+
+    out = str(tmp_path / "suite")
+    results = suite.run(workdir, out, tasks=("probe",), lengths=[32, 48], examples=4)
+    assert {k: v["score"] for k, v in results["cells"]["probe"].items()} == {"32": 32.0, "48": 48.0}
+    lines = open(suite.examples_path(out, "probe", 48)).read().splitlines()
+    assert [json.loads(x)["score"] for x in lines] == [0.0, 1.0, 0.0, 1.0]
+    calls = len(probe.calls)
+    again = suite.run(workdir, out, tasks=("probe",), lengths=[32, 48, 64], examples=4)
+    assert len(probe.calls) == calls + 1 and set(again["cells"]["probe"]) == {"32", "48", "64"}
+    with pytest.raises(ValueError, match="made with other settings .*examples: 4 -> 5") as e:
+        suite.run(workdir, out, tasks=("probe",), lengths=[32], examples=5)
+    assert "\n" not in str(e.value)
+
+
+def test_greedy_answers_in_batches_equal_the_full_forward_argmax():
+    """Batched greedy decoding through the cache (5 prompts in batches of 2: the last one
+    padded; each answer cut at its first EOS) picks what the full forward's argmax picks."""
+    import types
+
+    import jax.numpy as jnp
+    import ml_collections
+    from flax import nnx
+
+    from rope_jax.nn import model as model_lib
+    from tests.generate_test import cfg
+
+    model = model_lib.Decoder(cfg("separate", "qk"), rngs=nnx.Rngs(3))
+    graphdef, params = nnx.split(model)
+    config = ml_collections.ConfigDict({"eval": {"batch_size": 2}})
+    ctx = evals.Context(types.SimpleNamespace(graphdef=graphdef), params, config, split="x")
+    prompts = np.random.default_rng(0).integers(0, 19, (5, 7)).astype(np.int32)
+    naive = []
+    for prompt in prompts:
+        tokens = list(prompt)
+        for _ in range(6):
+            pos = jnp.arange(len(tokens), dtype=jnp.float32)[None, :, None]
+            tokens.append(int(jnp.argmax(model(jnp.asarray([tokens]), pos)[0, -1])))
+        naive.append(tokens[7:])
+    eos = naive[1][3]
+    answers = generated.greedy(ctx, prompts, max_new_tokens=6, eos_id=eos, what="t")
+    for row, answer in zip(naive, answers, strict=True):
+        cut = row.index(eos) if eos in row else len(row)
+        assert list(answer) == row[:cut]
+    assert len(answers[1]) <= 3
