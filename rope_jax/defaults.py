@@ -144,6 +144,16 @@ def model(shape: dict = SHAPE) -> ml_collections.ConfigDict:
     model.attention.impl = "xla"
     model.attention.qkv_bias = False  # biases on the q, k, v projections (Qwen2 checkpoints)
     model.attention.qk_norm = False  # RMSNorm over H of each q and k head (Qwen3 checkpoints)
+    # sinks: one learned logit per query head in every softmax denominator, no value
+    # (gpt-oss, DeepSeek-V4); a parameter "sinks" [N] per layer, zeros at init
+    model.attention.sinks = False
+    # window: W > 0 = the sliding window of the "sliding" layers: query t sees keys
+    # t - W < s <= t (HF's sliding_window; Mistral, Gemma 2/3, gpt-oss); must be below
+    # data.seq_len (a window of the whole sequence changes nothing); 0 = none
+    model.attention.window = 0
+    # layer_types: one of full | sliding per layer (HF's layer_types), e.g.
+    # ("sliding", "full"); () = every layer sliding when window > 0 (Mistral), else full
+    model.attention.layer_types = ()
 
     model.rope = ml_collections.ConfigDict()
     model.rope.sites = "qk"  # rotated sites, a subset of "qkvo"; "" = NoPE

@@ -25,7 +25,7 @@ IMPLS = [i for i in kernels.IMPLS if i not in ("xla", "splash")]
 TOL = {"float32": dict(atol=2e-5, rtol=2e-5), "bfloat16": dict(atol=3e-2, rtol=3e-2)}
 
 
-def cfg(kv="separate", sites="qk", impl="xla", dtype="float32"):
+def cfg(kv="separate", sites="qk", impl="xla", dtype="float32", **attention):
     rope = dict(sites=sites, base=100.0, ladder="standard", layout="half",
                 allocation="interleaved", sections=())  # fmt: skip
     return ml_collections.ConfigDict(
@@ -40,7 +40,7 @@ def cfg(kv="separate", sites="qk", impl="xla", dtype="float32"):
             dtype=dtype,
             param_dtype="float32",
             patch_dim=0,
-            attention=dict(kv=kv, impl=impl),
+            attention=dict(kv=kv, impl=impl, **attention),
             rope=rope,
         )  # fmt: skip
     )
@@ -170,3 +170,72 @@ def test_unknown_or_unavailable_impl_is_one_clear_line():
     if jax.default_backend() != "tpu":
         with pytest.raises(ValueError, match=r"model\.attention\.impl='splash' needs a TPU"):
             model_lib.check_config(cfg(impl="splash"))
+
+
+# Sinks (gpt-oss) and sliding windows (Mistral) inside the model: layer 0 sliding with a
+# window of 5 (T = 12: keys fall out of it), layer 1 full, a sink logit per head
+SLIDING = dict(sinks=True, window=5, layer_types=("sliding", "full"))
+
+
+def _with_sinks(model, values=(-1.0, 0.5, 1.5, 0.0)):
+    for block in model.blocks:
+        block.attn.sinks[...] = jnp.asarray(values)
+    return model
+
+
+@pytest.mark.parametrize(
+    "kv,sites,dtype",
+    [("separate", "qk", "float32")]
+    + [pytest.param(k, s, d, marks=pytest.mark.slow)
+       for k, s, d in [("separate", "vo", "float32"), ("tied", "qkvo", "float32"),
+                       ("separate", "qk", "bfloat16"), ("tied", "qkvo", "bfloat16")]],
+)  # fmt: skip
+def test_sinks_and_windows_equal_xla_in_loss_gradients_and_packed_documents(kv, sites, dtype):
+    """Every impl against xla: the decoder's loss and every gradient (the sinks' too) on
+    packed documents (segment ids, positions restarting) with a sliding layer."""
+    tok = tokens(8, T + 1)
+    segments = jnp.asarray(np.repeat(np.arange(2), [7, 5])[None].repeat(B, 0), jnp.int32)
+    pos = jnp.asarray(np.concatenate([np.arange(7), np.arange(5)])[None, :, None]
+                      .repeat(B, 0), jnp.float32)  # fmt: skip
+
+    def run(impl):
+        model = _with_sinks(model_lib.Decoder(cfg(kv, sites, impl, dtype, **SLIDING),
+                                              rngs=nnx.Rngs(0)))  # fmt: skip
+        graphdef, params = nnx.split(model, nnx.Param)
+
+        def loss_fn(p):
+            logits = nnx.merge(graphdef, p)(tok[:, :-1], pos, segments=segments)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, tok[:, 1:]).mean()
+
+        loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params)
+        return float(loss), nnx.to_flat_state(grads)
+
+    ref_loss, ref_grads = run("xla")
+    sink_grads = [v for path, v in ref_grads if path[-1] == "sinks"]
+    assert len(sink_grads) == 2 and all(np.abs(g.get_value()).max() > 0 for g in sink_grads)
+    tol = TOL[dtype] if dtype == "bfloat16" else dict(atol=5e-5, rtol=1e-4)
+    for impl in IMPLS:
+        loss, grads = run(impl)
+        np.testing.assert_allclose(loss, ref_loss, **TOL[dtype], err_msg=impl)
+        for (path, g), (_, r) in zip(grads, ref_grads, strict=True):
+            np.testing.assert_allclose(np.asarray(g.get_value(), np.float32),
+                                       np.asarray(r.get_value(), np.float32), **tol,
+                                       err_msg=f"{impl} {'/'.join(map(str, path))}")  # fmt: skip
+
+
+@pytest.mark.parametrize("impl", ["chunked"] + [pytest.param(i, marks=pytest.mark.slow)
+                                                for i in IMPLS if i != "chunked"])  # fmt: skip
+@pytest.mark.parametrize("kv,sites", [("separate", "qk"), ("tied", "qkvo")])
+def test_sliding_layers_with_sinks_decode_equal_to_the_full_forward(kv, sites, impl):
+    """Each impl: prefill past the window, then single steps through the ring."""
+    model = _with_sinks(model_lib.Decoder(cfg(kv, sites, impl, **SLIDING), rngs=nnx.Rngs(3)))
+    tok = tokens(4)
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.float32)[None, :, None], (B, T, 1))
+    full = model(tok)
+    cache, out = model.init_cache(B, T + 2), []
+    for start, stop in [(0, 7), (7, 8), (8, 9), (9, T)]:
+        logits, cache = model.decode(tok[:, start:stop], pos[:, start:stop], cache)
+        out.append(logits)
+    np.testing.assert_allclose(
+        np.asarray(jnp.concatenate(out, axis=1)), np.asarray(full), atol=3e-5, rtol=1e-5
+    )

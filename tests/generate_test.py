@@ -285,3 +285,44 @@ def test_a_length_reading_rule_decodes_at_the_length_of_the_whole_continuation(m
     monkeypatch.setattr(generate, "CHUNK", 2)
     np.testing.assert_array_equal(np.asarray(generate.generate(model, prompt, max_new_tokens=m)),
                                   expected)  # fmt: skip
+
+
+def _sliding(kv, sites, sinks, seed=0):
+    """Layer 0 sliding (a window of 4), layer 1 full; sinks set away from their zero init."""
+    config = cfg(kv, sites, **{"attention.window": 4, "attention.sinks": sinks,
+                               "attention.layer_types": ("sliding", "full")})  # fmt: skip
+    model = model_lib.Decoder(config, rngs=nnx.Rngs(seed))
+    for block in model.blocks if sinks else ():
+        block.attn.sinks[...] = jnp.linspace(-1.0, 1.5, 4)
+    return model
+
+
+@pytest.mark.parametrize(
+    "kv,sites,sinks",
+    [("separate", "qk", True)]
+    + [pytest.param(*v, marks=pytest.mark.slow)
+       for v in [("separate", "qk", False), ("separate", "vo", True), ("tied", "qkvo", True)]],
+)  # fmt: skip
+def test_sliding_layers_decode_through_a_ring_of_w_slots_equal_to_the_full_forward(
+    kv, sites, sinks
+):
+    """A prompt longer than the window, chunks that wrap the ring, single steps."""
+    model = _sliding(kv, sites, sinks)
+    tok = tokens(1, 13)
+    full = model(tok)
+    shapes = [c[next(iter(c))].shape[1] for c in model.init_cache(B, 16)["layers"]]
+    assert shapes == [4, 16]  # the sliding layer holds W slots, the full one every token
+    cached = cached_logits(model, tok, text_pos(13), [6, 1, 1, 3, 1, 1])
+    np.testing.assert_allclose(np.asarray(cached), np.asarray(full), atol=2e-5, rtol=1e-5)
+    for block in model.blocks:  # the window is not a no-op: without it, other logits
+        block.attn.window = None
+    assert np.abs(np.asarray(model(tok)[:, 5:] - full[:, 5:])).max() > 1e-3
+
+
+@pytest.mark.slow
+def test_greedy_generate_with_sliding_layers_and_sinks_equals_naive_greedy():
+    model = _sliding("separate", "qk", True, seed=6)
+    prompt = tokens(7, 5)
+    new = generate.generate(model, prompt, max_new_tokens=9)
+    want = naive_greedy(model, prompt, 9, text_pos(14))
+    np.testing.assert_array_equal(np.asarray(new), np.asarray(want))

@@ -311,6 +311,8 @@ REFUSED = {
     "model.rope.nope_every=2": {"model.rope.nope_every": 2},
     "model.rope.global_every=2": {"model.rope.global_every": 2, "model.rope.local_base": 100.0},
     "data (position axes)=3": {"num_axes": 3},
+    "model.attention.sinks=True": {"model.attention.sinks": True},
+    "model.attention.window=16": {"model.attention.window": 16},
     "partial_rotary_factor=0.5": {"model.rope.scaling.rope_type": "yarn",
                                   "model.rope.scaling.partial_rotary_factor": 0.5},
 }  # fmt: skip

@@ -26,6 +26,8 @@ class Case(NamedTuple):
     segments: bool = False
     mask: str | None = None  # "batch": [B, 1, T, S]; "heads": [1, N, T, S]
     block: int = 4  # chunked block size: T and S are not multiples of it
+    sinks: bool = False  # one learned sink logit per query head
+    window: int | None = None  # sliding window W (causal cases only)
 
 
 CASES = [
@@ -42,11 +44,40 @@ CASES = [
     Case("segments-causal-mha", t=12, s=12, n=2, kv=2, causal=True, segments=True),
     Case("mask-batch-causal", t=10, s=10, causal=True, mask="batch"),
     Case("everything", t=3, s=16, causal=True, offset=6, traced=True, segments=True, mask="batch"),
+    # sinks (gpt-oss) and sliding windows (Mistral): alone, together, with segments and
+    # decoding offsets; windows of 1, of a few blocks, and wider than every row's reach
+    Case("sinks", t=13, s=11, sinks=True),
+    Case("sinks-causal-segments", t=12, s=12, causal=True, segments=True, sinks=True),
+    Case("sinks-empty-rows", t=6, s=4, causal=True, offset=None, sinks=True),
+    Case("window", t=21, s=21, causal=True, window=6),
+    Case("window-1", t=9, s=9, n=2, kv=2, causal=True, window=1),
+    Case("window-wide", t=9, s=9, causal=True, window=64),
+    Case("window-segments", t=16, s=16, causal=True, segments=True, window=5),
+    Case("window-decode", t=1, s=16, causal=True, offset=11, traced=True, window=4),
+    Case("window-chunk", t=5, s=16, causal=True, offset=7, window=6, block=2),
+    Case("window-sinks-mask", t=14, s=14, causal=True, mask="heads", sinks=True, window=5),
+    Case(
+        "window-sinks-everything",
+        t=6,
+        s=20,
+        causal=True,
+        offset=9,
+        traced=True,
+        segments=True,
+        mask="batch",
+        sinks=True,
+        window=7,
+    ),  # fmt: skip
 ]
 CASE = {c.name: c for c in CASES}
-BF16_CASES = ("gqa", "mha-causal", "decode-traced", "everything")
+BF16_CASES = ("gqa", "mha-causal", "decode-traced", "everything", "sinks-causal-segments",
+              "window-segments", "window-sinks-everything")  # fmt: skip
 GRID = [(c, "float32") for c in CASES] + [(CASE[name], "bfloat16") for name in BF16_CASES]
-QUICK = {("gqa-causal", "float32"), ("everything", "float32")}  # the rest: full suite only
+QUICK = {
+    ("gqa-causal", "float32"),
+    ("everything", "float32"),
+    ("window-sinks-everything", "float32"),
+}  # the rest: full suite only
 GRID_PARAMS = [
     pytest.param(c, d, id=f"{c.name}-{d}",
                  marks=() if (c.name, d) in QUICK else pytest.mark.slow)
@@ -83,14 +114,15 @@ def inputs(case: Case, dtype: str):
     w = normal(B, case.t, case.n, H)  # loss = sum(out * w)
     segments = make_segments(case) if case.segments else (None, None)
     mask = make_mask(case, rng) if case.mask else None
-    return q, k, v, w, segments, mask
+    sinks = jnp.asarray(rng.normal(size=case.n), jnp.float32) if case.sinks else None
+    return q, k, v, w, segments, mask, sinks
 
 
 def mix_fn(case: Case, impl: str, block: int | None = None):
-    """(q, k, v, q_offset) -> out; q_offset is used only if the case traces it."""
-    q, k, v, w, (q_seg, kv_seg), mask = inputs(case, "float32")
+    """(q, k, v, q_offset, sinks) -> out; q_offset is used only if the case traces it."""
+    q, k, v, w, (q_seg, kv_seg), mask, _ = inputs(case, "float32")
 
-    def fn(q, k, v, offset):
+    def fn(q, k, v, offset, sinks=None):
         return kernels.mix(
             q,
             k,
@@ -102,6 +134,8 @@ def mix_fn(case: Case, impl: str, block: int | None = None):
             kv_segments=kv_seg,
             mask=mask,
             block_size=block or case.block,
+            sinks=sinks,
+            window=case.window,
         )
 
     return fn
@@ -111,8 +145,8 @@ def loss_fn(case: Case, impl: str):
     w = inputs(case, "float32")[3]
     fn = mix_fn(case, impl)
 
-    def loss(q, k, v, offset):
-        out = fn(q, k, v, offset)
+    def loss(q, k, v, offset, sinks=None):
+        out = fn(q, k, v, offset, sinks)
         return jnp.sum(out * w), out
 
     return loss
@@ -120,12 +154,13 @@ def loss_fn(case: Case, impl: str):
 
 @functools.cache
 def run(case: Case, impl: str, dtype: str):
-    """(out, (dq, dk, dv)) as float32 numpy, from one jitted value_and_grad."""
-    q, k, v, *_ = inputs(case, dtype)
-    grad = jax.value_and_grad(loss_fn(case, impl), argnums=(0, 1, 2), has_aux=True)
-    (_, out), grads = jax.jit(grad)(q, k, v, jnp.int32(case.offset or 0))
+    """(out, (dq, dk, dv[, dsinks])) as float32 numpy, from one jitted value_and_grad."""
+    q, k, v, *_, sinks = inputs(case, dtype)
+    argnums = (0, 1, 2, 4) if case.sinks else (0, 1, 2)
+    grad = jax.value_and_grad(loss_fn(case, impl), argnums=argnums, has_aux=True)
+    (_, out), grads = jax.jit(grad)(q, k, v, jnp.int32(case.offset or 0), sinks)
     assert out.dtype == jnp.float32
-    assert [g.dtype for g in grads] == [q.dtype] * 3
+    assert [g.dtype for g in grads[:3]] == [q.dtype] * 3
     return np.asarray(out), [np.asarray(g, np.float32) for g in grads]
 
 
@@ -135,7 +170,7 @@ def empty_rows(case: Case) -> np.ndarray:
     keep = np.ones((B, case.n, case.t, case.s), bool)
     if case.causal:
         keep &= s <= t + (case.s - case.t if case.offset is None else case.offset)
-    _, _, _, _, (q_seg, kv_seg), mask = inputs(case, "float32")
+    _, _, _, _, (q_seg, kv_seg), mask, _ = inputs(case, "float32")
     if case.segments:
         keep &= (np.asarray(q_seg)[:, :, None] == np.asarray(kv_seg)[:, None, :])[:, None]
     if case.mask:
@@ -153,15 +188,18 @@ def test_matches_xla(case, dtype, impl):
     assert out.shape == (B, case.t, case.n, H)
     tol = TOLERANCE[dtype]
     np.testing.assert_allclose(out, ref_out, atol=tol, rtol=tol, err_msg="out")
-    for name, g, ref in zip("qkv", grads, ref_grads, strict=True):
+    for name, g, ref in zip(["q", "k", "v", "sinks"], grads, ref_grads, strict=False):
         assert np.isfinite(g).all(), f"d{name} has NaN/inf"
         np.testing.assert_allclose(g, ref, atol=tol, rtol=tol, err_msg=f"d{name}")
+    assert len(grads) == 3 + case.sinks
 
 
 @pytest.mark.parametrize("impl", ["xla", "dot_product", "chunked"])
 @pytest.mark.parametrize(
-    "case", [CASE[name] for name in ("offset-negative", "segments-causal-mha", "everything")]
-)
+    "case",
+    [CASE[name] for name in ("offset-negative", "segments-causal-mha", "everything",
+                             "sinks-empty-rows", "window-sinks-everything")],
+)  # fmt: skip
 def test_rows_with_no_key_are_zero(case, impl):
     empty = empty_rows(case)
     assert empty.any() and not empty.all()  # the case has both kinds of rows
@@ -189,6 +227,42 @@ def test_xla_matches_plain_softmax(q_offset):
     want = np.einsum("bnts,bsnh->btnh", p / p.sum(-1, keepdims=True), vn)
     got = kernels.mix(q, k, v, causal=True, q_offset=q_offset)
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_sinks_and_window_match_hf_eager_attention():
+    """xla against HF's eager gpt-oss attention in numpy: a sink column joins the masked
+    scores [.., S], softmax, the column dropped; the sliding window keeps t - W < s <= t."""
+    case = Case("hf", t=9, s=9, causal=True, sinks=True, window=3)
+    q, k, v, *_, sinks = inputs(case, "float32")
+    qn, kn, vn = (np.asarray(x, np.float64) for x in (q, k, v))
+    kn, vn = np.repeat(kn, 2, axis=2), np.repeat(vn, 2, axis=2)
+    x = np.einsum("btnh,bsnh->bnts", qn, kn) / np.sqrt(H)
+    t, s = np.arange(9)[:, None], np.arange(9)[None, :]
+    x = np.where((s <= t) & (s > t - 3), x, -np.inf)
+    column = np.broadcast_to(np.asarray(sinks, np.float64)[None, :, None, None], (B, 4, 9, 1))
+    combined = np.concatenate([x, column], axis=-1)
+    p = np.exp(combined - combined.max(-1, keepdims=True))
+    p = (p / p.sum(-1, keepdims=True))[..., :-1]
+    want = np.einsum("bnts,bsnh->btnh", p, vn)
+    got = kernels.mix(q, k, v, causal=True, sinks=sinks, window=3)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    plain = kernels.mix(q, k, v, causal=True, window=3)
+    assert np.abs(np.asarray(plain) - want).max() > 1e-2  # the sink changes the output
+
+    def concatenated(q, k, v, z):  # the same in jnp, differentiated automatically
+        kr, vr = jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)
+        x = jnp.einsum("btnh,bsnh->bnts", q, kr) / np.sqrt(H)
+        x = jnp.where((s <= t) & (s > t - 3), x, -jnp.inf)
+        column = jnp.broadcast_to(z[None, :, None, None], (B, 4, 9, 1))
+        p = jax.nn.softmax(jnp.concatenate([x, column], axis=-1), axis=-1)[..., :-1]
+        return jnp.einsum("bnts,bsnh->btnh", p, vr)
+
+    w = inputs(case, "float32")[3]
+    ours = lambda q, k, v, z: kernels.mix(q, k, v, causal=True, sinks=z, window=3)
+    grads = [jax.grad(lambda *a, f=f: jnp.sum(f(*a) * w), argnums=(0, 1, 2, 3))(q, k, v, sinks)
+             for f in (ours, concatenated)]  # fmt: skip
+    for name, got, ref in zip(["q", "k", "v", "sinks"], *grads, strict=True):
+        np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5, err_msg=f"d{name}")
 
 
 @pytest.mark.slow  # eager jax.grad dispatches op by op: ~3 s alone, more on a busy machine
@@ -303,6 +377,11 @@ def test_unknown_impl():
         (dict(mask=jnp.ones((13, 13), bool)), r"\[B or 1, 1 or N, T, S\]"),
         (dict(mask=jnp.ones((1, 1, 13, 12), bool)), "T, S"),
         (dict(causal=True, q_offset=jnp.zeros(2, jnp.int32)), "int scalar"),
+        (dict(causal=True, window=0), r"window=0 must be a positive int"),
+        (dict(causal=True, window=2.5), r"window=2.5 must be a positive int"),
+        (dict(window=4), r"window=4 needs causal=True"),
+        (dict(sinks=jnp.zeros(3)), r"sinks must be a float array \[N\] = \(4,\)"),
+        (dict(sinks=jnp.zeros(4, jnp.int32)), r"sinks must be a float array"),
     ],
 )
 def test_bad_arguments(kwargs, match):

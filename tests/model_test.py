@@ -315,3 +315,79 @@ def test_block_remat_gives_the_same_loss_and_gradients():
     np.testing.assert_allclose(l1, l0, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------ sinks and sliding layers
+
+
+def attention_cfg(**attention):
+    cfg = tiny_cfg()
+    for key, value in attention.items():
+        cfg.attention[key] = value
+    return cfg
+
+
+BAD_ATTENTION = [
+    (dict(window=-1), "model.attention.window=-1 is invalid: must be a non-negative integer"),
+    (dict(window=2.5), "model.attention.window=2.5: .* cannot be casted to type <class 'int'>"),
+    (dict(window=12), "model.attention.window=12 is invalid: must be below data.seq_len=12"),
+    (dict(window=4, layer_types=("sliding",)),
+     r"model.attention.layer_types=\('sliding',\) is invalid: has 1 entries: needs one per "
+     r"layer \(model.num_layers=2\)"),
+    (dict(layer_types=("sliding", "full")), "has 'sliding' layers but model.attention.window=0"),
+    (dict(window=4, layer_types=("full", "full")), "model.attention.window=4 is invalid: has no "
+     "sliding layer"),
+    (dict(window=4, layer_types=("full", "local")), "has 'local': each must be one of 'full', "
+     "'sliding'"),
+    (dict(window=4, layer_types="sliding"), "model.attention.layer_types='sliding': .* type "
+     "<class 'tuple'>"),
+    (dict(sinks=1), "model.attention.sinks=1: .* type <class 'bool'>"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("attention,message", BAD_ATTENTION, ids=[m[:40] for _, m in BAD_ATTENTION])
+def test_bad_sinks_windows_and_layer_types_are_one_line_before_compiling(attention, message):
+    with pytest.raises(ValueError, match=message):
+        model_lib.check_config(attention_cfg(**attention), train_seq_len=12)
+
+
+def test_the_section_checks_its_own_types_when_filled_in_place():
+    """A caller's section that bypasses the typed defaults is checked by the model."""
+    from rope_jax.nn import sliding
+
+    attention = ml_collections.ConfigDict(dict(sinks=1, window=0, layer_types=()))
+    with pytest.raises(ValueError, match="model.attention.sinks=1 is invalid: must be True"):
+        sliding.layer_windows(attention, 2)
+    attention = ml_collections.ConfigDict(dict(sinks=False, window=0, layer_types="full"))
+    with pytest.raises(ValueError, match="layer_types='full' is invalid: must be a tuple"):
+        sliding.layer_windows(attention, 2)
+
+
+def test_layer_types_default_to_all_sliding_with_a_window():
+    from rope_jax.nn import sliding
+
+    checked = lambda **a: model_lib.check_config(attention_cfg(**a)).attention
+    windows = lambda **a: sliding.layer_windows(checked(**a), 2)
+    assert windows() == (None, None)
+    assert windows(window=4) == (4, 4)  # Mistral: every layer
+    assert windows(window=4, layer_types=("full", "sliding")) == (None, 4)
+    model = model_lib.Decoder(attention_cfg(window=4, layer_types=("full", "sliding")),
+                              rngs=nnx.Rngs(0))  # fmt: skip
+    assert [b.attn.window for b in model.blocks] == [None, 4]
+
+
+def test_sinks_are_a_zero_initialised_heads_parameter_only_when_asked():
+    """No new parameter without sinks: checkpoints of earlier runs restore as they were."""
+    flat = lambda cfg: {
+        "/".join(map(str, path)): var
+        for path, var in nnx.to_flat_state(nnx.state(model_lib.Decoder(cfg, rngs=nnx.Rngs(0)),
+                                                     nnx.Param))
+    }  # fmt: skip
+    old = tiny_cfg()  # a config saved before the fields existed, filled by the defaults
+    plain, sinks = flat(old), flat(attention_cfg(sinks=True))
+    assert not any("sinks" in path for path in plain)
+    assert set(flat(attention_cfg(sinks=False, window=4))) == set(plain)
+    assert set(sinks) - set(plain) == {"blocks/0/attn/sinks", "blocks/1/attn/sinks"}
+    var = sinks["blocks/1/attn/sinks"]
+    assert var.get_metadata().get("out_sharding") == ("heads",)
+    np.testing.assert_array_equal(np.asarray(var.get_value()), np.zeros(4, np.float32))

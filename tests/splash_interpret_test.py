@@ -4,6 +4,7 @@ a traced decoding offset, a dense mask, lengths that are not whole blocks)."""
 
 import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -36,6 +37,15 @@ CASES = {
     "dense mask": lambda t: dict(
         causal=True, mask=jnp.asarray(np.random.default_rng(1).random((1, 4, t, t)) > 0.3)
     ),  # fmt: skip
+    "sinks": lambda t: dict(causal=True, sinks=jnp.linspace(-1.0, 2.0, 4)),
+    "window, padded rows": lambda t: dict(causal=True, window=40),
+    "window, sinks, segments": lambda t: dict(
+        causal=True,
+        window=40,
+        sinks=jnp.linspace(-1.0, 2.0, 4),
+        q_segments=_segments(t),
+        kv_segments=_segments(t),
+    ),  # fmt: skip
 }
 
 
@@ -53,6 +63,19 @@ def test_splash_equals_xla_in_the_interpreter(interpreted, case):
     got = kernels.mix(q, k, v, impl="splash", block_size=128, **kw)
     want = kernels.mix(q, k, v, impl="xla", **kw)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.slow
+def test_splash_local_mask_with_sinks_equals_xla(interpreted):
+    """Whole blocks: the window is the kernel's lazy LocalMask (blocks before it skipped)."""
+    q, k, v = _qkv(384, 384)
+    kw = dict(causal=True, window=150, sinks=jnp.linspace(-1.0, 2.0, 4))
+    loss = lambda impl: lambda q, k, v, z: jnp.sum(
+        kernels.mix(q, k, v, impl=impl, block_size=128, **{**kw, "sinks": z}) ** 2)  # fmt: skip
+    got = jax.value_and_grad(loss("splash"), argnums=(0, 1, 2, 3))(q, k, v, kw["sinks"])
+    want = jax.value_and_grad(loss("xla"), argnums=(0, 1, 2, 3))(q, k, v, kw["sinks"])
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-4, rtol=2e-4)
 
 
 def test_splash_refuses_a_block_size_it_cannot_tile(interpreted):

@@ -7,8 +7,8 @@ export: checkpoint --step (default the newest) of the run in --workdir as config
 model.safetensors and (for a run with an HF tokenizer) tokenizer.json, which
 `transformers.AutoModelForCausalLM.from_pretrained` loads (LlamaForCausalLM; Qwen2 /
 Qwen3 for q/k/v biases / q/k norms). A run HF's classes cannot express (rotation sites
-other than qk, tied K/V, learned rotations, NoPE layers, N-D positions) is refused with
-one line naming the setting.
+other than qk, tied K/V, learned rotations, NoPE layers, N-D positions, attention sinks,
+sliding windows) is refused with one line naming the setting.
 
 import: the HF model directory --hf as a run in --workdir (config.json, tokenizer/, a
 step-0 checkpoint); --config gives its data, eval and mesh sections (default

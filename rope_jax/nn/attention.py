@@ -24,6 +24,12 @@ Checkpoint features (`qkv_bias`, `qk_norm`; Qwen2 and Qwen3): learned biases add
 the q, k, v projections, and an RMSNorm over H of every q and k head (one scale [H] each,
 shared by the heads) after the projection and before any rotation.
 
+Attention sinks and sliding windows (`sinks`, `window`; gpt-oss, Mistral, Gemma): a
+layer with sinks holds one learned logit per query head ("sinks" [N], zeros at init)
+that joins every softmax denominator and carries no value; a sliding layer attends the
+W latest keys (t - W < s <= t) and decodes through a ring of W cache slots
+(`nn.sliding`). Both are kernel arguments (`kernels.mix`), so every impl runs them.
+
 Learned rotations (`learned`, docs/maths.md#learned-rotations): the layer trains
 frequencies theta [K, P, A] ("freqs", "commuting") and a basis generator S [H, H]
 ("commuting"), float32 `nnx.Param`s named `learned.PARAM_NAMES` that start at the fixed
@@ -45,7 +51,7 @@ from flax import nnx
 
 from rope_jax import rotary, sharding
 from rope_jax.learned import KINDS, LearnedRotation, cayley, check_kind, initial_freqs
-from rope_jax.nn import kernels
+from rope_jax.nn import kernels, sliding
 from rope_jax.nn.layers import RMSNorm, dense_param
 from rope_jax.nn.products import dense
 from rope_jax.rotary import RopeSpec
@@ -107,6 +113,8 @@ def attend(
     segments=None,
     cached: bool = False,
     seq_len: int | None = None,
+    sinks=None,
+    window: int | None = None,
 ) -> jax.Array:
     """Softmax attention with rotation at `sites`.
 
@@ -133,6 +141,9 @@ def attend(
         q and o are rotated here (k_positions unused); the attention factor still
         counts the k site.
       seq_len: the static length the dynamic / longrope rules read; default S.
+      sinks: optional float [N], one sink logit per query head (`kernels.mix`).
+      window: optional sliding window W with `causal`: keys t - W < s <= t (offset by
+        q_offset), as `kernels.mix`.
 
     Returns:
       [B, T, N, H] in q's dtype. Scores and softmax are float32.
@@ -149,7 +160,7 @@ def attend(
         v = rot(v, k_positions)  # values rotate with their key's position
 
     scale = logit_scale(spec, sites, head_dim=q.shape[-1], seq_len=seq_len, scale=scale)
-    o = _mix(q, k, v, mask, causal, scale, impl, q_offset, segments)  # float32
+    o = _mix(q, k, v, mask, causal, scale, impl, q_offset, segments, sinks, window)  # float32
     if "o" in sites:
         o = rot(o, q_positions, inverse=True)  # o_i -> R_i^T o_i at the query position
     return o.astype(q.dtype)
@@ -169,6 +180,8 @@ def attend_tied(
     q_offset=None,
     segments=None,
     seq_len: int | None = None,
+    sinks=None,
+    window: int | None = None,
 ) -> jax.Array:
     """Attention with one latent per key serving as key and value (sites "qkvo" implied).
 
@@ -180,7 +193,7 @@ def attend_tied(
       q: [B, T, N, H] queries.
       c: [B, S, K, H] key/value latents; N % K == 0.
       q_positions, k_positions, rope, mask, causal, scale, impl, q_offset, segments,
-        seq_len: as in `attend`.
+        seq_len, sinks, window: as in `attend`.
 
     Returns:
       [B, T, N, H] in q's dtype.
@@ -191,7 +204,7 @@ def attend_tied(
     q = rot(q, q_positions)
     c = rot(c, k_positions)  # once: the key and the value
     scale = logit_scale(spec, TIED_SITES, head_dim=q.shape[-1], seq_len=seq_len, scale=scale)
-    o = _mix(q, c, c, mask, causal, scale, impl, q_offset, segments)
+    o = _mix(q, c, c, mask, causal, scale, impl, q_offset, segments, sinks, window)
     return rot(o, q_positions, inverse=True).astype(q.dtype)
 
 
@@ -224,13 +237,14 @@ def logit_scale(
     return (head_dim**-0.5 if scale is None else scale) * factor**times
 
 
-def _mix(q, k, v, mask, causal, scale, impl, q_offset, segments) -> jax.Array:
+def _mix(q, k, v, mask, causal, scale, impl, q_offset, segments, sinks, window) -> jax.Array:
     """The kernel call shared by `attend` and `attend_tied`: float32 [B, T, N, H]."""
     q_segments, kv_segments = (None, None) if segments is None else segments
     if causal and q_offset is None:
         q_offset = k.shape[1] - q.shape[1]  # queries are the last T keys
     return kernels.mix(q, k, v, impl=impl, causal=causal, q_offset=q_offset, mask=mask,
-                       q_segments=q_segments, kv_segments=kv_segments, scale=scale)  # fmt: skip
+                       q_segments=q_segments, kv_segments=kv_segments, scale=scale,
+                       sinks=sinks, window=window)  # fmt: skip
 
 
 def _check_shapes(q, k, v) -> None:
@@ -261,6 +275,12 @@ class Attention(nnx.Module):
     `qkv_bias` adds q_bias [N*H], k_bias and v_bias [K*H] (zeros at init, flat as in HF
     checkpoints: no weight decay); `qk_norm` adds q_norm and k_norm, RMSNorms of scale [H]
     with epsilon `norm_eps`. Both need kv="separate".
+
+    `sinks=True` adds sinks [N] (heads), one logit per query head in every softmax
+    denominator, zeros at init (gpt-oss draws them from N(0, 0.02^2): about zero; a 1-D
+    parameter, so no weight decay); without it the layer has no such parameter (older
+    checkpoints restore as they are). `window` W makes a sliding layer: keys
+    t - W < s <= t, and a decoding cache of min(W, length) slots (`nn.sliding`).
     """
 
     def __init__(
@@ -279,6 +299,8 @@ class Attention(nnx.Module):
         num_axes: int = 1,
         qkv_bias: bool = False,
         qk_norm: bool = False,
+        sinks: bool = False,
+        window: int | None = None,
         norm_eps: float = 1e-6,
         dtype=jnp.float32,
         param_dtype=jnp.float32,
@@ -334,6 +356,12 @@ class Attention(nnx.Module):
         norm = dict(eps=norm_eps, dtype=dtype, param_dtype=param_dtype, axis="head_dim")
         self.q_norm = RMSNorm(h, **norm) if qk_norm else None
         self.k_norm = RMSNorm(h, **norm) if qk_norm else None
+        self.sinks = (
+            nnx.Param(jnp.zeros((n,), param_dtype), out_sharding=("heads",), eager_sharding=False)
+            if sinks
+            else None
+        )
+        self.window = window  # W of a sliding layer; None = full
 
     def rotation(self) -> RopeSpec | LearnedRotation:
         """What this layer rotates by: its spec, or the learned rotation of its parameters."""
@@ -371,12 +399,16 @@ class Attention(nnx.Module):
         q, k, v = self._project(x)
         pairs = None if segments is None else (segments, segments)
         kw = dict(q_positions=positions, k_positions=positions, rope=self.rotation(), mask=mask,
-                  impl=self.impl, segments=pairs)  # fmt: skip
+                  impl=self.impl, segments=pairs, sinks=self._sinks(),
+                  window=self.window)  # fmt: skip
         if self.kv == "tied" and self.sites:
             o = attend_tied(q, k, causal=causal, **kw)
         else:  # separate, or a tied NoPE layer (k = v = the latent, unrotated)
             o = attend(q, k, v, sites=self.sites, causal=causal, **kw)
         return self._out(o)
+
+    def _sinks(self):
+        return None if self.sinks is None else self.sinks[...]
 
     def _out(self, o):
         """o [B, T, N, H] . o_proj [N, H, D] -> [B, T, D] in the compute dtype."""
@@ -385,26 +417,29 @@ class Attention(nnx.Module):
     # ------------------------------------------------------------ decoding cache
 
     def init_cache(self, batch_size: int, max_len: int) -> dict:
-        """Empty cache of S = max_len slots: {"k", "v"} (separate) or {"c"} (tied) [B, S, K, H].
+        """Empty cache of S = max_len slots: {"k", "v"} (separate) or {"c"} (tied) [B, S, K, H];
+        a sliding layer keeps C = min(W, max_len) slots, a ring (`nn.sliding`).
 
         Entries are stored after their rotation (k if "k" in sites, v if "v" in sites,
         c always when tied), in the compute dtype.
         """
         proj = self.kv_proj if self.kv == "tied" else self.k_proj
-        shape = (batch_size, max_len, *proj.shape[1:])
+        slots = max_len if self.window is None else sliding.ring_slots(self.window, max_len)
+        shape = (batch_size, slots, *proj.shape[1:])
         names = ("c",) if self.kv == "tied" else ("k", "v")
         return {name: jnp.zeros(shape, self.dtype) for name in names}
 
     def decode(
         self, x, positions, cache: dict, index, seq_len: int | None = None
     ) -> tuple[jax.Array, dict]:
-        """T new tokens written at cache slots index..index+T-1, attending to slots <= their own.
+        """T new tokens written at cache slots index..index+T-1, attending to slots <= their own
+        (a sliding layer: to the W latest tokens, through its ring of C slots).
 
         Args:
           x: [B, T, D] (T = prompt length when prefilling, 1 per decoding step).
           positions: [B, T, A] positions of the new tokens.
           cache: from `init_cache` (or a previous `decode`), S slots.
-          index: int32 scalar, the number of slots already filled.
+          index: int32 scalar, the number of tokens already decoded (filled slots).
           seq_len: the static length the dynamic / longrope rules read; default S.
 
         Returns:
@@ -417,33 +452,36 @@ class Attention(nnx.Module):
         rope = self.rotation()
         _, rotate = rotation_of(rope, seq_len)
         rot = lambda y: rotate(y, positions)
-        at = (0, index, 0, 0)
         if self.kv == "tied":
-            c = rot(k) if self.sites else k  # rotated once (unless a NoPE layer)
-            cache = {"c": jax.lax.dynamic_update_slice(cache["c"], c, at)}
-            keys = values = cache["c"]
+            new = {"c": rot(k) if self.sites else k}  # rotated once (unless a NoPE layer)
         else:
-            k = rot(k) if "k" in self.sites else k
-            v = rot(v) if "v" in self.sites else v
-            cache = {
-                "k": jax.lax.dynamic_update_slice(cache["k"], k, at),
-                "v": jax.lax.dynamic_update_slice(cache["v"], v, at),
-            }
-            keys, values = cache["k"], cache["v"]
-        o = attend(
-            q,
-            keys,
-            values,
+            new = {"k": rot(k) if "k" in self.sites else k, "v": rot(v) if "v" in self.sites else v}
+        kw = dict(
             q_positions=positions,
-            k_positions=None,  # keys and values are already rotated
+            k_positions=None,
             sites=self.sites,
             rope=rope,
             causal=True,
-            q_offset=index,  # new token t sees the filled slots and itself
             impl=self.impl,
             cached=True,
             seq_len=seq_len,
-        )
+            sinks=self._sinks(),
+        )  # fmt: skip  (keys, values: already rotated)
+        if self.window is None:  # new token t sees the filled slots and itself
+            at = (0, index, 0, 0)
+            cache = {name: jax.lax.dynamic_update_slice(cache[name], new[name], at)
+                     for name in new}  # fmt: skip
+            kw.update(q_offset=index)
+        else:  # the ring in token order, then the new entries: query 0 at offset C
+            slots = next(iter(cache.values())).shape[1]
+            cache = {name: sliding.ring_keys(cache[name], new[name], index) for name in new}
+            segments = sliding.ring_segments(x.shape[0], slots, x.shape[1], index)
+            kw.update(q_offset=slots, window=self.window, segments=segments)
+        keys = cache["c"] if self.kv == "tied" else cache["k"]
+        values = cache["c"] if self.kv == "tied" else cache["v"]
+        o = attend(q, keys, values, **kw)
+        if self.window is not None:
+            cache = {name: sliding.ring_store(cache[name], slots, index) for name in cache}
         return self._out(o), cache
 
 

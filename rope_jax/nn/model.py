@@ -15,6 +15,11 @@ predates the field). The fields that published checkpoints need (`rope_jax.hf`):
 `model.tie_embeddings` (the head is the embedding table), `model.attention.qkv_bias`
 (Qwen2) and `model.attention.qk_norm` (Qwen3), all off by default.
 
+Attention per layer (`nn.sliding.layer_windows`): `model.attention.layer_types` gives
+each layer "full" or "sliding" (a window of `model.attention.window` W keys, HF's
+`sliding_window`); `model.attention.sinks` gives every layer one learned sink logit per
+query head (gpt-oss). Defaults: full layers, no sinks (the Llama decoder, unchanged).
+
 Rotation per layer (`layer_rotations`, docs/maths.md#context-scaling): every layer uses
 the spec of `cfg.rope` (base, ladder, layout, allocation, sections, scaling,
 max_position_embeddings), except that with `rope.nope_every = k > 0` layers k-1, 2k-1,
@@ -41,7 +46,7 @@ import ml_collections
 from flax import nnx
 
 from rope_jax import defaults, layouts, learned, rotary, sharding
-from rope_jax.nn import kernels
+from rope_jax.nn import kernels, sliding
 from rope_jax.nn.attention import Attention, check_kv, check_sites
 from rope_jax.nn.layers import MLP, RMSNorm, dense_param
 from rope_jax.nn.products import dense
@@ -104,6 +109,7 @@ def check_config(cfg, num_axes: int = 1, *, train_seq_len: int | None = None):
     kernels.check_impl(cfg.attention.impl, field="model.attention.impl")
     check_kv(cfg.attention.kv, cfg.rope.sites, kv_field="model.attention.kv",
              sites_field="model.rope.sites")  # fmt: skip
+    sliding.layer_windows(cfg.attention, cfg.num_layers, train_seq_len=train_seq_len)
     layer_rotations(cfg, num_axes, train_seq_len=train_seq_len)
     _check_learned(cfg, rotation(cfg, num_axes, train_seq_len=train_seq_len))
     return cfg
@@ -231,18 +237,36 @@ def _check_num_axes(num_axes) -> None:
 
 
 def kv_cache_bytes_per_token(cfg) -> int:
-    """Decoding cache per token: layers x K x H x (2 separate k, v | 1 tied c) x dtype bytes."""
+    """Decoding cache per token: layers x K x H x (2 separate k, v | 1 tied c) x dtype bytes
+    (an upper bound with sliding layers, which stop growing at W tokens: `kv_cache_bytes`)."""
     per_head = 1 if cfg.attention.kv == "tied" else 2
     itemsize = jnp.dtype(DTYPES[cfg.dtype]).itemsize  # the cache holds compute-dtype arrays
     return cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * per_head * itemsize
 
 
+def kv_cache_bytes(cfg, length: int) -> int:
+    """Decoding cache of one sequence of `length` tokens: a full layer holds `length`
+    slots, a sliding one min(W, length) (`Attention.init_cache`)."""
+    windows = sliding.layer_windows(cfg.attention, cfg.num_layers)
+    slots = sum(length if w is None else sliding.ring_slots(w, length) for w in windows)
+    return kv_cache_bytes_per_token(cfg) // cfg.num_layers * slots
+
+
 class Block(nnx.Module):
     """Pre-norm decoder block: x = x + attn(norm(x)); x = x + mlp(norm(x))."""
 
-    def __init__(self, cfg, rope: rotary.RopeSpec | None, *, num_axes: int = 1, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        cfg,
+        rope: rotary.RopeSpec | None,
+        *,
+        num_axes: int = 1,
+        window: int | None = None,
+        rngs: nnx.Rngs,
+    ):
         """`rope` None: a NoPE layer (nothing rotated, whatever `cfg.rope.sites` says).
-        `num_axes`: the position axes A (the shape of learned frequencies)."""
+        `num_axes`: the position axes A (the shape of learned frequencies). `window`: W
+        of a sliding layer, None for a full one."""
         dtype, param_dtype = DTYPES[cfg.dtype], DTYPES[cfg.param_dtype]
         out_scale = 1.0 / math.sqrt(2 * cfg.num_layers)  # residual branches (GPT-2 style)
         norm = dict(eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
@@ -261,6 +285,8 @@ class Block(nnx.Module):
             impl=cfg.attention.impl,
             qkv_bias=cfg.attention.qkv_bias,
             qk_norm=cfg.attention.qk_norm,
+            sinks=cfg.attention.sinks,
+            window=window,
             norm_eps=cfg.norm_eps,
             dtype=dtype,
             param_dtype=param_dtype,
@@ -304,6 +330,7 @@ class Decoder(nnx.Module):
         if not isinstance(cfg, ml_collections.FrozenConfigDict):  # frozen = resolved: checked
             cfg = check_config(cfg, num_axes, train_seq_len=train_seq_len)
         ropes = layer_rotations(cfg, num_axes, train_seq_len=train_seq_len)  # checked once
+        windows = sliding.layer_windows(cfg.attention, cfg.num_layers)
         self.num_axes = num_axes
         self.remat, self.patch_dim = cfg.remat, cfg.patch_dim
         self.dtype, param_dtype = DTYPES[cfg.dtype], DTYPES[cfg.param_dtype]
@@ -325,7 +352,10 @@ class Decoder(nnx.Module):
             if self.patch_dim
             else None
         )
-        self.blocks = nnx.List([Block(cfg, rope, num_axes=num_axes, rngs=rngs) for rope in ropes])
+        self.blocks = nnx.List([
+            Block(cfg, rope, num_axes=num_axes, window=window, rngs=rngs)
+            for rope, window in zip(ropes, windows, strict=True)
+        ])  # fmt: skip
         self.norm = RMSNorm(d, eps=cfg.norm_eps, dtype=self.dtype, param_dtype=param_dtype)
         self.head = (
             None
@@ -391,8 +421,8 @@ class Decoder(nnx.Module):
     def init_cache(self, batch_size: int, max_len: int) -> dict:
         """Empty decoding cache for `max_len` tokens: {"index": int32 0, "layers": [...]}.
 
-        Each layer holds its keys/values after rotation (`Attention.init_cache`):
-        `kv_cache_bytes_per_token(cfg) * max_len` bytes per sequence.
+        Each layer holds its keys/values after rotation (`Attention.init_cache`), a
+        sliding layer only its W latest: `kv_cache_bytes(cfg, max_len)` per sequence.
         """
         layers = [block.attn.init_cache(batch_size, max_len) for block in self.blocks]
         return {"index": jnp.zeros((), jnp.int32), "layers": layers}
@@ -412,13 +442,16 @@ class Decoder(nnx.Module):
           cache: from `init_cache` or a previous `decode`; index + T <= its length.
           patches, is_patch: as in `__call__`.
           seq_len: the static length a length-reading scaling rule (dynamic, longrope)
-            reads; default the cache's length (a full pass over L tokens reads L, so a
-            prefill of L tokens with seq_len=L equals it in any cache).
+            reads; default the cache's length, its longest layer's (a full pass over L
+            tokens reads L, so a prefill of L tokens with seq_len=L equals it in any
+            cache; with sliding layers only, whose rings hold W slots, pass it).
 
         Returns:
           (float32 [B, T, V], cache with index advanced by T).
         """
         x = self._embed(tokens, positions, patches, is_patch)
+        if seq_len is None:  # the longest layer cache: a full layer's length
+            seq_len = max(next(iter(c.values())).shape[1] for c in cache["layers"])
         index, layers = cache["index"], []
         for block, layer_cache in zip(self.blocks, cache["layers"], strict=True):
             x, layer_cache = block.decode(x, positions, layer_cache, index, seq_len)

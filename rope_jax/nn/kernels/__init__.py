@@ -5,9 +5,19 @@ so a kernel here is plain grouped-query softmax attention,
 
   o_t = sum_s softmax_s(scale * q_t . k_s | keep(t, s)) v_s,
 
-where keep(t, s) combines causality (s <= t + q_offset), packed-document segment ids and
-an optional dense mask. A query row with no key to attend gives o_t = 0 (never NaN), in
-every implementation.
+where keep(t, s) combines causality (s <= t + q_offset), an optional sliding window
+(`window=W`: also s > t + q_offset - W, so query t sees the W keys t - W < s <= t, Hugging
+Face's `sliding_window` convention), packed-document segment ids and an optional dense
+mask. A query row with no key to attend gives o_t = 0 (never NaN), in every
+implementation.
+
+Attention sinks (`sinks=` [N], gpt-oss, DeepSeek-V4): one learned logit z_n per query
+head joins every softmax denominator and carries no value,
+
+  o_t = sum_s exp(x_ts) v_s / (exp(z_n) + sum_s exp(x_ts)),
+
+so a head may put mass nowhere; a row with no key gives o_t = 0 as before. Gradients
+reach the sinks in every implementation.
 
 Implementations (`impl`), a module each in this package:
   "xla"          reference: scores [B, K, T, G, S] in float32, O(T * S) memory.
@@ -28,7 +38,12 @@ import jax
 import jax.numpy as jnp
 
 from rope_jax.nn.kernels.chunked import _mix_chunked
-from rope_jax.nn.kernels.common import _check_inputs, _resolve_offset
+from rope_jax.nn.kernels.common import (
+    _check_inputs,
+    _check_sinks,
+    _check_window,
+    _resolve_offset,
+)
 from rope_jax.nn.kernels.dot_product import _mix_dot_product
 from rope_jax.nn.kernels.splash import _mix_splash
 from rope_jax.nn.kernels.xla import _softmax_mix
@@ -61,6 +76,8 @@ def mix(
     mask=None,
     scale: float | None = None,
     block_size: int = 512,
+    sinks=None,
+    window: int | None = None,
 ) -> jax.Array:
     """sum_s softmax_s(scale * q . k_s) v_s over the allowed keys; float32 [B, T, N, H].
 
@@ -78,18 +95,28 @@ def mix(
       mask: optional bool [B or 1, 1 or N, T, S], True = attend; combined with the rest.
       scale: logit scale (a Python float), default 1 / sqrt(H).
       block_size: block length along T and S for "chunked" and "splash".
+      sinks: optional float [N], one sink logit per query head (added to every softmax
+        denominator, no value); None = none. Differentiable.
+      window: optional sliding window W, a positive Python int, with `causal`: query t
+        attends keys t + q_offset - W < s <= t + q_offset (the W latest, itself
+        included: HF's `sliding_window`); None = no window. A window that reaches past
+        key 0 for every query is allowed (it changes nothing). "chunked" skips the key
+        blocks wholly outside it (O(T * W) work).
 
     Returns:
       float32 [B, T, N, H]; rows with no allowed key are 0.
     """
     check_impl(impl)
     _check_inputs(q, k, v, q_segments, kv_segments, mask)
+    window = _check_window(window, causal)
+    sinks = _check_sinks(sinks, q.shape[2])
     t, s = q.shape[1], k.shape[1]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     q_offset = _resolve_offset(causal, q_offset, t, s)
     if mask is not None:
         mask = jnp.asarray(mask, bool)
-    kw = dict(q_offset=q_offset, q_segments=q_segments, kv_segments=kv_segments, mask=mask)
+    kw = dict(q_offset=q_offset, q_segments=q_segments, kv_segments=kv_segments, mask=mask,
+              sinks=sinks, window=window)  # fmt: skip
     if impl == "xla":
         return _softmax_mix(q, k, v, causal=causal, scale=scale, **kw)
     if impl == "dot_product":

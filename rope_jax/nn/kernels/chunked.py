@@ -28,7 +28,14 @@ from rope_jax.nn.kernels.common import _and, _causal_keep, _group_mask, _pad_axi
 #   dV = P^T dO, dP = dO V^T, dX = P * (dP - D), dQ = scale dX K, dK = scale dX^T Q.
 # The outer loop runs over key blocks carrying dQ [T, H] (added into per query block);
 # the inner loop runs over query blocks accumulating that key block's dK, dV.
-# Causal loops skip blocks that are entirely in the future.
+# Causal loops skip blocks that are entirely in the future, and with a sliding window W
+# those wholly before it: a query block visits about (W + block) / block key blocks, so
+# the work is O(T * W) instead of O(T^2).
+#
+# A sink z (one logit per query head) starts each row's statistics as a key of logit z
+# and no value: m_0 = z, l_0 = 1, a_0 = 0. Then L is the logsumexp over the keys and the
+# sink, P = exp(x - L) are the probabilities the sink leaves to the keys, and the sink's
+# gradient is dz = -sum_t exp(z - L_t) D_t (its probability times dO . o).
 
 
 class _Config(NamedTuple):
@@ -40,6 +47,7 @@ class _Config(NamedTuple):
     num_k_blocks: int
     kv_len: int  # valid keys S; keys at S..S_padded-1 are padding
     scale: float
+    window: int | None  # sliding window W (with causality); None = none
 
 
 class _Masks(NamedTuple):
@@ -52,7 +60,7 @@ class _Masks(NamedTuple):
 
 
 def _mix_chunked(
-    q, k, v, *, q_offset, q_segments, kv_segments, mask, scale, block_size: int
+    q, k, v, *, q_offset, q_segments, kv_segments, mask, scale, block_size: int, sinks, window
 ) -> jax.Array:
     """Blockwise online-softmax attention; pads T and S to whole blocks internally."""
     (b, t, n, h), (s, kh) = q.shape, k.shape[1:3]
@@ -60,7 +68,7 @@ def _mix_chunked(
         raise ValueError(f"block_size={block_size} must be positive")
     bq, bk = min(block_size, t), min(block_size, s)
     tp, sp = -(-t // bq) * bq, -(-s // bk) * bk
-    cfg = _Config(bq, bk, tp // bq, sp // bk, s, float(scale))
+    cfg = _Config(bq, bk, tp // bq, sp // bk, s, float(scale), window)
     pad = lambda x, length, axis, value=0: _pad_axis(x, length, axis, value)
     masks = _Masks(
         None if q_offset is None else jnp.asarray(q_offset, jnp.int32),
@@ -69,25 +77,28 @@ def _mix_chunked(
         None if mask is None else pad(pad(_group_mask(mask, kh), tp, 2, False), sp, 4, False),
     )
     qg = pad(q.reshape(b, t, kh, n // kh, h), tp, 1)  # [B, T_padded, K, G, H]
-    o = _flash(cfg, qg, pad(k, sp, 1), pad(v, sp, 1), masks)  # [B, T_padded, K, G, H]
+    z = None if sinks is None else sinks.reshape(kh, n // kh)  # [K, G]: head n = k G + g
+    o = _flash(cfg, qg, pad(k, sp, 1), pad(v, sp, 1), z, masks)  # [B, T_padded, K, G, H]
     return o[:, :t].reshape(b, t, n, h)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(cfg: _Config, q, k, v, masks: _Masks):
-    """q [B, Tp, K, G, H], k, v [B, Sp, K, H] -> float32 [B, Tp, K, G, H]."""
-    return _flash_forward(cfg, q, k, v, masks)[0]
+def _flash(cfg: _Config, q, k, v, z, masks: _Masks):
+    """q [B, Tp, K, G, H], k, v [B, Sp, K, H], sinks z [K, G] or None -> float32
+    [B, Tp, K, G, H]."""
+    return _flash_forward(cfg, q, k, v, z, masks)[0]
 
 
-def _flash_fwd(cfg: _Config, q, k, v, masks: _Masks):
-    o, lse = _flash_forward(cfg, q, k, v, masks)
-    return o, (q, k, v, masks, o, lse)  # no per-block probabilities are kept
+def _flash_fwd(cfg: _Config, q, k, v, z, masks: _Masks):
+    o, lse = _flash_forward(cfg, q, k, v, z, masks)
+    return o, (q, k, v, z, masks, o, lse)  # no per-block probabilities are kept
 
 
 def _flash_bwd(cfg: _Config, residuals, do):
-    q, k, v, masks, o, lse = residuals
-    dq, dk, dv = _flash_backward(cfg, q, k, v, masks, o, lse, do)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None  # masks: none
+    q, k, v, z, masks, o, lse = residuals
+    dq, dk, dv, dz = _flash_backward(cfg, q, k, v, z, masks, o, lse, do)
+    cast = lambda g, x: g.astype(x.dtype)
+    return cast(dq, q), cast(dk, k), cast(dv, v), dz, None  # masks: none
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -106,7 +117,8 @@ def _block_keep(cfg: _Config, masks: _Masks, t0, s0):
     if cfg.num_k_blocks * cfg.block_k != cfg.kv_len:  # padded keys
         keep = (s_idx < cfg.kv_len)[None, None, None, None, :]
     if masks.q_offset is not None:
-        keep = _and(keep, _causal_keep(t_idx, s_idx, masks.q_offset)[None, None, :, None, :])
+        causal = _causal_keep(t_idx, s_idx, masks.q_offset, cfg.window)
+        keep = _and(keep, causal[None, None, :, None, :])
     if masks.q_segments is not None:
         qs = lax.dynamic_slice_in_dim(masks.q_segments, t0, cfg.block_q, axis=1)
         ks = lax.dynamic_slice_in_dim(masks.kv_segments, s0, cfg.block_k, axis=1)
@@ -118,25 +130,36 @@ def _block_keep(cfg: _Config, masks: _Masks, t0, s0):
 
 
 def _k_block_range(cfg: _Config, q_offset, t0):
-    """Key blocks [lo, hi) that the query block at t0 can see (causal: not the future)."""
+    """Key blocks [lo, hi) that the query block at t0 can see (causal: not the future;
+    window W: not before the first row's oldest key t0 + q_offset - W + 1)."""
     if q_offset is None:
         return 0, cfg.num_k_blocks
     last_key = t0 + cfg.block_q - 1 + q_offset  # the last query row's last key
-    return 0, jnp.clip(last_key // cfg.block_k + 1, 0, cfg.num_k_blocks)
+    hi = jnp.clip(last_key // cfg.block_k + 1, 0, cfg.num_k_blocks)
+    if cfg.window is None:
+        return 0, hi
+    first_key = t0 + q_offset - cfg.window + 1  # the first query row's oldest key
+    return jnp.clip(first_key // cfg.block_k, 0, cfg.num_k_blocks), hi
 
 
 def _q_block_range(cfg: _Config, q_offset, s0):
-    """Query blocks [lo, hi) that can see the key block at s0 (causal: t >= s0 - q_offset)."""
+    """Query blocks [lo, hi) that can see the key block at s0 (causal: t >= s0 - q_offset;
+    window W: t <= s0 + block_k - 1 - q_offset + W - 1, the last key still in view)."""
     if q_offset is None:
         return 0, cfg.num_q_blocks
-    return jnp.clip((s0 - q_offset) // cfg.block_q, 0, cfg.num_q_blocks), cfg.num_q_blocks
+    lo = jnp.clip((s0 - q_offset) // cfg.block_q, 0, cfg.num_q_blocks)
+    if cfg.window is None:
+        return lo, cfg.num_q_blocks
+    last_query = s0 + cfg.block_k - 2 - q_offset + cfg.window
+    return lo, jnp.clip(last_query // cfg.block_q + 1, 0, cfg.num_q_blocks)
 
 
-def _flash_forward(cfg: _Config, q, k, v, masks: _Masks):
+def _flash_forward(cfg: _Config, q, k, v, z, masks: _Masks):
     """Online softmax over key blocks for each query block.
 
-    Returns o float32 [B, Tp, K, G, H] and logsumexp float32 [B, K, Tp, G] (+inf on rows
-    with no allowed key, whose o is 0).
+    Returns o float32 [B, Tp, K, G, H] and logsumexp float32 [B, K, Tp, G] over the keys
+    and the sink z [K, G] if any (+inf on rows with no allowed key and no sink; o is 0 on
+    every row with no allowed key).
     """
     b, _, kh, g, h = q.shape
     bq, bk = cfg.block_q, cfg.block_k
@@ -164,7 +187,11 @@ def _flash_forward(cfg: _Config, q, k, v, masks: _Masks):
             return m_new, alpha * l + p.sum(-1), alpha[..., None] * acc + pv
 
         stats = jnp.zeros((b, kh, bq, g), jnp.float32)
-        init = (jnp.full_like(stats, -jnp.inf), stats, jnp.zeros((b, kh, bq, g, h), jnp.float32))
+        acc = jnp.zeros((b, kh, bq, g, h), jnp.float32)
+        if z is None:
+            init = (jnp.full_like(stats, -jnp.inf), stats, acc)
+        else:  # the sink is a key of logit z and no value: m = z, l = exp(z - m) = 1
+            init = (stats + z[None, :, None, :], stats + 1.0, acc)
         m, l, acc = lax.fori_loop(*_k_block_range(cfg, masks.q_offset, t0), k_step, init)
         seen = l > 0
         o = acc / jnp.where(seen, l, 1.0)[..., None]  # no key seen: acc = 0, o = 0
@@ -178,8 +205,9 @@ def _flash_forward(cfg: _Config, q, k, v, masks: _Masks):
     return o, lse
 
 
-def _flash_backward(cfg: _Config, q, k, v, masks: _Masks, o, lse, do):
-    """dq, dk, dv (float32) by recomputing each block's probabilities from logsumexp."""
+def _flash_backward(cfg: _Config, q, k, v, z, masks: _Masks, o, lse, do):
+    """dq, dk, dv (float32) by recomputing each block's probabilities from logsumexp, and
+    the sinks' dz [K, G] (None without sinks)."""
     b, tp, kh, g, h = q.shape
     bq, bk = cfg.block_q, cfg.block_k
     do = do.astype(jnp.float32)
@@ -222,4 +250,7 @@ def _flash_backward(cfg: _Config, q, k, v, masks: _Masks, o, lse, do):
     dq, (dk, dv) = lax.scan(k_block, dq0, jnp.arange(cfg.num_k_blocks))
     sp = cfg.num_k_blocks * bk
     unblock = lambda x: x.transpose(1, 0, 2, 3, 4).reshape(b, sp, kh, h)  # [nk, B, bk, ..]
-    return dq, unblock(dk), unblock(dv)
+    dz = None
+    if z is not None:  # dz = -sum_t p_sink(t) D_t, p_sink = exp(z - L)
+        dz = -jnp.einsum("BKTG,BKTG->KG", jnp.exp(z[None, :, None, :] - lse), delta)
+    return dq, unblock(dk), unblock(dv), dz

@@ -29,6 +29,30 @@ def _check_inputs(q, k, v, q_segments, kv_segments, mask) -> None:
             raise ValueError(f"mask has shape {shape}: its last two axes must be T, S = {t, s}")
 
 
+def _check_window(window, causal: bool) -> int | None:
+    """None, or a positive Python int W that comes with causal=True."""
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int | np.integer) or window < 1:
+        raise ValueError(f"window={window!r} must be a positive int (keys t - W < s <= t) or None")
+    if not causal:
+        raise ValueError(f"window={window} needs causal=True (a sliding window looks back only)")
+    return int(window)
+
+
+def _check_sinks(sinks, num_heads: int):
+    """None, or float32 [N]: one sink logit per query head."""
+    if sinks is None:
+        return None
+    sinks = jnp.asarray(sinks)
+    if sinks.shape != (num_heads,) or not jnp.issubdtype(sinks.dtype, jnp.floating):
+        raise ValueError(
+            f"sinks must be a float array [N] = ({num_heads},) (one logit per query head), "
+            f"got {sinks.dtype} {sinks.shape}"
+        )
+    return sinks.astype(jnp.float32)
+
+
 def _resolve_offset(causal: bool, q_offset, t: int, s: int):
     """None when not causal; else a Python int (static) or an int32 scalar array (traced)."""
     if not causal:
@@ -47,9 +71,13 @@ def _is_static(q_offset) -> bool:
     return isinstance(q_offset, int)
 
 
-def _causal_keep(t_idx, s_idx, q_offset):
-    """[T, S] bool: query t attends key s iff s <= t + q_offset."""
-    return s_idx[None, :] <= t_idx[:, None] + q_offset
+def _causal_keep(t_idx, s_idx, q_offset, window: int | None = None):
+    """[T, S] bool: query t attends key s iff s <= t + q_offset (and, with a window W,
+    s > t + q_offset - W)."""
+    keep = s_idx[None, :] <= t_idx[:, None] + q_offset
+    if window is not None:
+        keep &= s_idx[None, :] > t_idx[:, None] + q_offset - window
+    return keep
 
 
 def _segment_keep(q_segments, kv_segments):
@@ -70,11 +98,12 @@ def _and(a, b):
     return b if a is None else a & b
 
 
-def _dense_keep(t: int, s: int, *, q_offset, q_segments, kv_segments, mask):
+def _dense_keep(t: int, s: int, *, q_offset, q_segments, kv_segments, mask, window=None):
     """Combined keep-mask [B or 1, 1 or N, T, S] (the BNTS layout of jax.nn), or None."""
     keep = None if mask is None else mask
     if q_offset is not None:
-        keep = _and(keep, _causal_keep(jnp.arange(t), jnp.arange(s), q_offset)[None, None])
+        causal = _causal_keep(jnp.arange(t), jnp.arange(s), q_offset, window)
+        keep = _and(keep, causal[None, None])
     if q_segments is not None:
         keep = _and(keep, _segment_keep(q_segments, kv_segments)[:, None])
     return keep

@@ -6,20 +6,29 @@ import jax
 import jax.numpy as jnp
 
 from rope_jax.nn.kernels.common import _dense_keep, _is_static, _rows_with_keys
+from rope_jax.nn.kernels.xla import _softmax_mix
 
 
-def _mix_dot_product(q, k, v, *, q_offset, q_segments, kv_segments, mask, scale) -> jax.Array:
+def _mix_dot_product(
+    q, k, v, *, q_offset, q_segments, kv_segments, mask, scale, sinks, window
+) -> jax.Array:
     """`jax.nn.dot_product_attention`, with masks expressed the cheapest way it accepts.
 
-    - causal with a static q_offset == 0: `is_causal=True` (cuDNN skips masked blocks).
+    - sinks: jax.nn takes none (its logsumexp residual is rounded to the input dtype and
+      carries no gradient, so it cannot rescale the output either): with `sinks` this
+      impl runs the `xla` reference kernel, on every backend (cuDNN included), and is
+      exactly `impl="xla"`. Use "chunked" (or "splash" on TPU) for sinks at long T.
+    - causal with a static q_offset == 0: `is_causal=True` (cuDNN skips masked blocks),
+      and a sliding window W as `local_window_size=(W - 1, 0)` (cuDNN's
+      `sliding_window_length` W, blocks outside it skipped too).
     - causal with T == 1 (decoding one token), any q_offset, static or traced: the key
       range s <= q_offset is `key_value_seq_lengths = q_offset + 1`, no dense mask.
-    - segment ids (not in the public API), a traced or nonzero q_offset with T > 1, or a
-      user `mask`: the slow path. Everything is folded into one dense bool mask
-      [B or 1, 1 or N, T, S] passed as `mask` (O(T * S) bytes; cuDNN adds it as a bias
-      and cannot skip masked blocks). It stays on the same backend, so results agree with
-      the other impls on every input; use "chunked" (or "splash" on TPU) to avoid the
-      T x S mask for long packed sequences.
+    - segment ids (not in the public API), a traced or nonzero q_offset with T > 1 (or
+      T == 1 with a window), or a user `mask`: the slow path. Everything is folded into
+      one dense bool mask [B or 1, 1 or N, T, S] passed as `mask` (O(T * S) bytes; cuDNN
+      adds it as a bias and cannot skip masked blocks). It stays on the same backend, so
+      results agree with the other impls on every input; use "chunked" (or "splash" on
+      TPU) to avoid the T x S mask for long packed sequences.
 
     Backend: jax 0.10's `implementation=None` always means XLA, so it is chosen here:
     "cudnn" on a CUDA GPU (compute capability >= 8) for fp16/bf16 inputs whose head dim
@@ -29,13 +38,18 @@ def _mix_dot_product(q, k, v, *, q_offset, q_segments, kv_segments, mask, scale)
     inputs are not downcast): correct, with float32 scores materialized like "xla".
     Rows with no allowed key are set to 0 here (jax would average all values).
     """
+    if sinks is not None:
+        kw = dict(q_offset=q_offset, q_segments=q_segments, kv_segments=kv_segments)
+        return _softmax_mix(q, k, v, mask=mask, causal=q_offset is not None, scale=scale,
+                            sinks=sinks, window=window, **kw)  # fmt: skip
     (b, t, _, h), s = q.shape, k.shape[1]
     dtype = jnp.result_type(q, k, v)  # jax.nn wants one dtype for q, k, v
     q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
     is_causal = q_offset is not None and _is_static(q_offset) and q_offset == 0
     dense_offset = q_offset if (q_offset is not None and not is_causal) else None
     kv_lengths = None
-    if dense_offset is not None and t == 1 and mask is None and q_segments is None:
+    local = (window - 1, 0) if is_causal and window is not None else None
+    if dense_offset is not None and t == 1 and mask is None and q_segments is None and not window:
         kv_lengths = jnp.clip(jnp.asarray(q_offset, jnp.int32) + 1, 1, s)  # >= 1: no NaN
         kv_lengths = jnp.broadcast_to(kv_lengths, (b,)).astype(jnp.int32)
         has_key = jnp.asarray(q_offset >= 0)  # q_offset < 0: no key; the row is zeroed
@@ -43,9 +57,9 @@ def _mix_dot_product(q, k, v, *, q_offset, q_segments, kv_segments, mask, scale)
     else:
         has_key = None
     segs = dict(q_segments=q_segments, kv_segments=kv_segments, mask=mask)
-    keep = _dense_keep(t, s, q_offset=dense_offset, **segs)
+    keep = _dense_keep(t, s, q_offset=dense_offset, window=window, **segs)
     if keep is not None:  # rows may be empty: check them against every condition
-        has_key = _rows_with_keys(_dense_keep(t, s, q_offset=q_offset, **segs))
+        has_key = _rows_with_keys(_dense_keep(t, s, q_offset=q_offset, window=window, **segs))
     implementation = _dot_product_backend(dtype, h, t, s, dense_mask=keep is not None)
     o = jax.nn.dot_product_attention(
         q,
@@ -55,6 +69,7 @@ def _mix_dot_product(q, k, v, *, q_offset, q_segments, kv_segments, mask, scale)
         scale=scale,
         is_causal=is_causal,
         key_value_seq_lengths=kv_lengths,
+        local_window_size=local,
         implementation=implementation,
     ).astype(jnp.float32)
     return o if has_key is None else jnp.where(has_key, o, 0.0)

@@ -9,12 +9,16 @@ from rope_jax.nn.kernels.common import _dense_keep, _is_static, _pad_axis, _rows
 
 
 def _mix_splash(
-    q, k, v, *, q_offset, q_segments, kv_segments, mask, scale, block_size: int
+    q, k, v, *, q_offset, q_segments, kv_segments, mask, scale, block_size: int, sinks, window
 ) -> jax.Array:
     """TPU Pallas splash attention (block-sparse flash attention).
 
     Causality with a static q_offset >= 0 is a lazy `CausalMask` (fully masked blocks are
-    skipped); segment ids go to `SegmentIds`. A traced or negative q_offset, or a dense
+    skipped), with a sliding window W a lazy `LocalMask` (window (W - 1, 0): blocks
+    before the window are skipped too, where T is whole blocks and no query looks past
+    the last key; else the window goes into the dynamic mask below); segment ids go to
+    `SegmentIds`; sinks [N] to the kernel's own `sinks` (splash adds them to the
+    denominator and returns their gradient). A traced or negative q_offset, or a dense
     `mask` (which must then have batch 1: one kernel serves the whole batch), becomes a
     dynamic [N, T, S] mask. T and S are padded to whole blocks (block_size must be a
     multiple of 128); padded keys are masked with segment ids. Splash divides by zero on
@@ -31,14 +35,18 @@ def _mix_splash(
     tp, sp = round_up(t, bq), round_up(s, bk)
     dynamic = mask is not None or (q_offset is not None and not _is_static(q_offset))
     dynamic = dynamic or (q_offset is not None and q_offset < 0)
+    if window is not None and not dynamic:  # a padded or late query row may see no key
+        dynamic = tp != t or t + q_offset > s
     if mask is not None and mask.shape[0] != 1:
         raise ValueError("impl='splash' takes a dense mask with batch 1; use impl='chunked'")
 
     has_key = None  # which rows have a key at all, where some may not: [B|1, T, 1|N, 1]
     if dynamic or q_segments is not None:
         segs = dict(q_segments=q_segments, kv_segments=kv_segments, mask=mask)
-        has_key = _rows_with_keys(_dense_keep(t, s, q_offset=q_offset, **segs))
-    heads_mask = _splash_heads_mask(splash, q_offset, mask, dynamic, n, (t, s), (tp, sp))
+        has_key = _rows_with_keys(_dense_keep(t, s, q_offset=q_offset, window=window, **segs))
+    heads_mask = _splash_heads_mask(
+        splash, q_offset, mask, dynamic, n, (t, s), (tp, sp), window=window
+    )
     segments = _splash_segments(q_segments, kv_segments, b, s, (tp, sp))
     kernel = _splash_kernel(splash, heads_mask, bq, bk, dynamic)
 
@@ -46,30 +54,35 @@ def _mix_splash(
     heads_first = lambda x, length: _pad_axis(x.astype(dtype), length, 1).transpose(0, 2, 1, 3)
     qh = heads_first(q * scale, tp)  # splash does not scale the logits
     kh_, vh = heads_first(k, sp), heads_first(v, sp)  # [B, K, Sp, H]
+    extra = {} if sinks is None else {"sinks": sinks}  # [N], shared by the batch
     if segments is None:
-        o = jax.vmap(kernel)(qh, kh_, vh)
+        o = jax.vmap(lambda q1, k1, v1: kernel(q1, k1, v1, **extra))(qh, kh_, vh)
     else:
-        call = lambda q1, k1, v1, qs, ks: kernel(q1, k1, v1, segment_ids=splash.SegmentIds(qs, ks))
+        call = lambda q1, k1, v1, qs, ks: kernel(
+            q1, k1, v1, segment_ids=splash.SegmentIds(qs, ks), **extra
+        )
         o = jax.vmap(call)(qh, kh_, vh, *segments)
     o = o.transpose(0, 2, 1, 3)[:, :t].astype(jnp.float32)  # [B, T, N, H]
     return o if has_key is None else jnp.where(has_key, o, 0.0)
 
 
-def _splash_heads_mask(splash, q_offset, mask, dynamic: bool, n: int, lengths, padded):
+def _splash_heads_mask(splash, q_offset, mask, dynamic: bool, n: int, lengths, padded, *, window):
     """The kernel's mask over the padded [Tp, Sp] square for each of the N heads: a dense
     one (dynamic: traced offset or user mask, no row left all-skipped) or a lazy one."""
     (t, s), (tp, sp) = lengths, padded
     if dynamic:
-        heads = _dense_keep(t, s, q_offset=q_offset, q_segments=None, kv_segments=None, mask=mask)
+        heads = _dense_keep(t, s, q_offset=q_offset, q_segments=None, kv_segments=None,
+                            mask=mask, window=window)  # fmt: skip
         heads = heads[0]  # [1 or N, T, S]: batch 1
         heads = heads | ~heads.any(-1, keepdims=True)  # no all-skipped rows (zeroed later)
         heads = _pad_axis(_pad_axis(heads, tp, 1, True), sp, 2, False)
         return jnp.broadcast_to(heads, (n, tp, sp))
-    one = (
-        splash.FullMask((tp, sp))
-        if q_offset is None
-        else splash.CausalMask((tp, sp), offset=q_offset)
-    )
+    if q_offset is None:
+        one = splash.FullMask((tp, sp))
+    elif window is None:
+        one = splash.CausalMask((tp, sp), offset=q_offset)
+    else:
+        one = splash.LocalMask((tp, sp), window_size=(window - 1, 0), offset=q_offset)
     return splash.MultiHeadMask([one] * n)
 
 

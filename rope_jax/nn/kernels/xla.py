@@ -19,6 +19,8 @@ def _softmax_mix(
     q_offset=None,
     q_segments=None,
     kv_segments=None,
+    sinks=None,
+    window: int | None = None,
 ) -> jax.Array:
     """sum_s softmax_s(q . k_s * scale) v_s for GQA heads; float32 [B, T, N, H].
 
@@ -26,18 +28,24 @@ def _softmax_mix(
     k [B, S, K, H] produces, and the probabilities' dot with v returns [B, T, K, G, H]
     = [B, T, N, H] directly: no transpose of the [.., T, S] arrays forward or backward.
     Rows with no allowed key are set to 0 (their softmax would be uniform otherwise).
+    A sink z_n [N] joins each row's denominator: probabilities exp(x - m) / (sum_s
+    exp(x_s - m) + exp(z - m)) with m the larger of the row's max and z (as HF's eager
+    gpt-oss attention, without concatenating a column to the [.., S] scores).
     """
     (b, t, n, h), s, kh = q.shape, k.shape[1], k.shape[2]
     scale = h**-0.5 if scale is None else scale
     qg = q.reshape(b, t, kh, n // kh, h)  # [B, T, K, G, H]: head n = k * G + g
     logits = jnp.einsum("BTKGH,BSKH->BKTGS", qg, k, preferred_element_type=jnp.float32)
     logits = logits * scale  # [B, K, T, G, S]
-    keep = _mask(
-        mask, causal, t, s, kh, q_offset=q_offset, q_segments=q_segments, kv_segments=kv_segments
-    )
+    keep = _mask(mask, causal, t, s, kh, q_offset=q_offset, q_segments=q_segments,
+                 kv_segments=kv_segments, window=window)  # fmt: skip
     if keep is not None:
         logits = jnp.where(keep, logits, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1)
+    if sinks is None:
+        probs = jax.nn.softmax(logits, axis=-1)
+    else:
+        z = sinks.astype(jnp.float32).reshape(1, kh, 1, n // kh, 1)  # [1, K, 1, G, 1]
+        probs = _softmax_with_sink(logits, z)
     o = jnp.einsum(
         "BKTGS,BSKH->BTKGH", probs.astype(v.dtype), v, preferred_element_type=jnp.float32
     )  # float32 until the caller's cast
@@ -45,6 +53,44 @@ def _softmax_mix(
         has_key = keep.any(-1).transpose(0, 2, 1, 3)  # [B|1, T, K|1, G|1]: small, not T x S
         o = jnp.where(has_key[..., None], o, 0.0)
     return o.reshape(b, t, n, h)
+
+
+@jax.custom_vjp
+def _softmax_with_sink(x, z):
+    """softmax over the last axis of x [.., S] with one more logit z [.., 1] in the
+    denominator, whose probability is dropped: p = exp(x - L), L = log(sum exp(x) + exp(z)).
+
+    The backward is softmax's, on the keys' columns alone (the sink's column has no
+    cotangent): dx = p * (dp - sum p dp), and dz = -p_sink sum p dp with p_sink =
+    exp(z - L), summed over the axes z was broadcast along. One pass over [.., S] each way, as
+    `jax.nn.softmax` (automatic differentiation of the division takes several).
+    """
+    return _sink_probs(x, z)[0]
+
+
+def _sink_probs(x, z):
+    """(p [.., S], p_sink [.., 1])."""
+    m = jnp.maximum(x.max(-1, keepdims=True), z)
+    e, e_sink = jnp.exp(x - m), jnp.exp(z - m)
+    total = e.sum(-1, keepdims=True) + e_sink
+    return e / total, e_sink / total
+
+
+def _softmax_with_sink_fwd(x, z):
+    p, p_sink = _sink_probs(x, z)
+    return p, (p, p_sink, z)
+
+
+def _softmax_with_sink_bwd(residuals, dp):
+    p, p_sink, z = residuals
+    pdp = jnp.sum(p * dp, axis=-1, keepdims=True)
+    dx = p * (dp - pdp)
+    dz = -p_sink * pdp  # [.., 1], then z's broadcast undone
+    axes = tuple(i for i, (a, b) in enumerate(zip(dz.shape, z.shape, strict=True)) if a != b)
+    return dx, dz.sum(axes, keepdims=True)
+
+
+_softmax_with_sink.defvjp(_softmax_with_sink_fwd, _softmax_with_sink_bwd)
 
 
 def _mask(
@@ -57,17 +103,20 @@ def _mask(
     q_offset=None,
     q_segments=None,
     kv_segments=None,
+    window: int | None = None,
 ):
     """Combined bool keep-mask broadcastable to the scores [B, K, T, G, S] (5-D), or None.
 
     `mask` is [B or 1, 1 or N, T, S] with head n = k * G + g. With `causal`, query t
     attends key s iff s <= t + q_offset (q_offset None: S - T, the queries are the last T
-    keys). `q_segments` [B, T] and `kv_segments` [B, S]: attend only within a document.
+    keys), and with a `window` W also s > t + q_offset - W. `q_segments` [B, T] and
+    `kv_segments` [B, S]: attend only within a document.
     """
     keep = None
     if causal:
         offset = s - t if q_offset is None else q_offset
-        keep = _causal_keep(jnp.arange(t), jnp.arange(s), offset)[None, None, :, None, :]
+        keep = _causal_keep(jnp.arange(t), jnp.arange(s), offset, window)
+        keep = keep[None, None, :, None, :]
     if q_segments is not None:
         keep = _and(keep, _segment_keep(q_segments, kv_segments)[:, None, :, None, :])
     if mask is not None:
