@@ -1492,3 +1492,39 @@ def test_help_exits_0_and_names_no_directory_of_this_machine(command, tmp_path):
         assert "--workdir" in proc.stdout, proc.stdout
         for where in (ROOT, sys.prefix, os.path.dirname(os.__file__)):
             assert where not in proc.stdout, (flag, where)
+
+
+@pytest.mark.slow  # subprocesses
+def test_preparation_workers_left_by_a_killed_command_exit_without_a_word(tmp_path):
+    """kill -9 of `prepare --workers=2` while its workers tokenize: they printed four
+    BrokenPipeError tracebacks and the resource tracker a leaked-semaphore warning onto
+    the terminal the command had. Here stderr is a pipe: its end comes once every
+    process that inherited it (workers, forkserver, resource tracker) has exited."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "rope_jax.data.prepare",
+        "--source=python_stdlib",
+        "--tokenizer=train:1000",
+        "--name=x",
+        f"--data_dir={tmp_path}",
+        "--workers=2",
+    ]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    lines = []
+    for line in proc.stderr:  # the BPE is trained first (seconds), then the workers start
+        lines.append(line)
+        if "workers up" in line:
+            break
+    assert "workers up" in lines[-1], "".join(lines)
+    time.sleep(1.0)  # tokenizing
+    proc.kill()
+    proc.wait()
+    rest = []
+    reader = threading.Thread(target=lambda: rest.extend(proc.stderr))
+    reader.start()
+    reader.join(timeout=60)
+    assert not reader.is_alive(), "a process of the killed command is still running"
+    assert not (tmp_path / "x" / "metadata.json").exists()
+    assert "".join(rest) == "", "".join(rest)[-3000:]

@@ -12,6 +12,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -488,3 +489,48 @@ def test_cli_subprocess(corpus, tmp_path):
         "error: --source='/nonexistent/*.txt' matched no files and is not a shipped corpus "
         "(shakespeare, python_stdlib, linux_source)"
     ]
+
+
+def test_a_preparation_that_fails_before_its_work_leaves_nothing_behind(corpus, tmp_path):
+    """A tokenizer file that does not load: before, DIR/NAME/.staging/settings.json and
+    DIR/.NAME.lock stayed. A finished preparation leaves no lock file either."""
+    broken = tmp_path / "tok" / "tokenizer.json"
+    broken.parent.mkdir()
+    broken.write_text('{"version": "1.0", "model": {')
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="does not load as an HF tokenizer.json"):
+        _prepare(corpus[0], str(broken), out, "x")
+    assert os.listdir(out) == []
+    _prepare(corpus[0], "bytes", out, "x")
+    assert os.listdir(out) == ["x"] and not os.path.exists(out / "x" / ".staging")
+
+
+def test_a_waiter_takes_the_lock_again_when_the_holder_removed_its_file(tmp_path):
+    """The holder removes DIR/.NAME.lock before letting go: the process that waited on
+    the removed file must not go on beside a third that made the file anew."""
+    import fcntl
+    import threading
+
+    from rope_jax.data.preparation import run
+
+    path, said = str(tmp_path / ".x.lock"), []
+    holder = open(path, "a")  # noqa: SIM115
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(run._lock(path, said.append, "x")))
+    waiter.start()
+    deadline = time.time() + 10
+    while not said and time.time() < deadline:
+        time.sleep(0.01)
+    os.remove(path)
+    third = open(path, "a")  # noqa: SIM115  (a third process, started after the removal)
+    fcntl.flock(third, fcntl.LOCK_EX)
+    fcntl.flock(holder, fcntl.LOCK_UN)  # the waiter wakes on the removed file
+    time.sleep(0.3)
+    assert not got and waiter.is_alive()  # it waits for the third now
+    fcntl.flock(third, fcntl.LOCK_UN)
+    waiter.join(timeout=10)
+    assert got and os.fstat(got[0].fileno()).st_ino == os.stat(path).st_ino
+    assert len(said) == 1
+    for f in (holder, third, got[0]):
+        f.close()

@@ -4,9 +4,13 @@ encode documents with it.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import multiprocessing
 import os
 import shutil
+import signal
+import sys
 import time
 from collections.abc import Iterator
 
@@ -58,11 +62,13 @@ def byte_table(tok: tokenizers.Tokenizer, mode: str) -> np.ndarray | None:
 
 
 _WORKER: dict = {}
+QUIET_TRACKER = "ignore:resource_tracker:UserWarning"  # a -W option (`Pool`)
 
 
-def _init_worker(tokenizer_dir: str, exact: bool) -> None:
+def _init_worker(tokenizer_dir: str, exact: bool, quiet: bool = False) -> None:
     """Pool initializer: one thread per worker; the saved tokenizer, so every process
-    encodes with exactly the files that ship with the dataset."""
+    encodes with exactly the files that ship with the dataset. `quiet` (a worker
+    process): once the tokenizer loaded, Python's stderr is closed (`_quiet_worker`)."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     tok = tokenizers.load(tokenizer_dir)
     _WORKER.update(
@@ -70,6 +76,25 @@ def _init_worker(tokenizer_dir: str, exact: bool) -> None:
         dtype=shards.token_dtype(tok.vocab_size),
         table=tok.token_byte_lengths() if exact else None,
     )
+    if quiet:
+        _quiet_worker()
+
+
+def _quiet_worker() -> None:
+    """A pool worker's errors reach the main process with its task's result, and are
+    shown there; what the worker prints itself is only multiprocessing's traceback of
+    a result it could not send back: a BrokenPipeError, when the main process was
+    killed (kill -9, the OOM killer). That must not land on the user's terminal, so a
+    worker's Python stderr goes nowhere; it also ends with the forkserver it came from
+    (Linux PR_SET_PDEATHSIG, SIGKILL), which exits with the main process."""
+    sys.stderr = open(os.devnull, "w")  # noqa: SIM115  (the worker's, for its lifetime)
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the broken pipe ends it
+        pass
+    if os.getppid() == 1:  # the forkserver ended before the call above
+        os._exit(0)
 
 
 def encode_chunk(texts: list[str]) -> tuple[list[np.ndarray], list[int], int, float]:
@@ -123,7 +148,12 @@ class Pool:
     def __init__(self, workers: int, *initargs):
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload([__name__])  # the imports are paid once, in the server
-        self.pool = ctx.Pool(workers, initializer=_init_worker, initargs=initargs)
+        # The resource tracker (started with the pool's first semaphore, given this
+        # process's -W options) warns of "leaked semaphore objects" when this process
+        # was killed before closing the pool; it removes them all the same.
+        if QUIET_TRACKER not in sys.warnoptions:
+            sys.warnoptions.append(QUIET_TRACKER)
+        self.pool = ctx.Pool(workers, initializer=_init_worker, initargs=(*initargs, True))
         start = time.monotonic()
         self.pool.apply(os.getpid)  # the first worker is up (they start together)
         self.startup_s = time.monotonic() - start

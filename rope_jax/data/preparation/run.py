@@ -63,7 +63,11 @@ def prepare(
                                f"{e.strerror or e}") from None  # fmt: skip
     try:
         with _one_at_a_time(out, say):
-            return _prepare(settings, out, space, say, workers, command, progress)
+            try:
+                return _prepare(settings, out, space, say, workers, command, progress)
+            except BaseException:
+                _discard_unstarted(out)
+                raise
     except (OSError, RuntimeError) as e:
         if not out_of_space(e):
             raise
@@ -77,23 +81,56 @@ def prepare(
 def _one_at_a_time(out: str, say):
     """Holds DIR/.NAME.lock while DIR/NAME is prepared: a second preparation of it (the
     same command twice, two runs that auto-prepare one corpus) waits for the first,
-    then finds it done, instead of writing into the same staging files."""
+    then finds it done, instead of writing into the same staging files. The holder
+    removes the file before it lets go; a waiter that then holds a removed file's lock
+    opens the path again (`_lock`)."""
     path = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.lock")
     try:
-        f = open(path, "a")  # noqa: SIM115  (closed below)
+        f = _lock(path, say, out)
     except OSError:  # a read-only data dir: nothing can be written there, by anyone
         yield
         return
     with f:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            say(f"prepare: another process is preparing {out}; waiting for it ({path})")
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
             yield
         finally:
+            with contextlib.suppress(OSError):
+                os.remove(path)
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _lock(path: str, say, out: str):
+    """The open lock file at `path`, locked (waiting, with a line, while another process
+    holds it), and still the file of that name."""
+    said = False
+    while True:
+        f = open(path, "a")  # noqa: SIM115  (the caller closes it)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not said:
+                say(f"prepare: another process is preparing {out}; waiting for it ({path})")
+                said = True
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
+                return f
+        except FileNotFoundError:  # removed by the holder we waited for
+            pass
+        f.close()
+
+
+def _discard_unstarted(out: str) -> None:
+    """After a failure before anything worth resuming was written (a tokenizer that
+    does not load, a source with no documents): DIR/NAME holds only the staging
+    settings; they are removed, and DIR/NAME with them."""
+    staging = os.path.join(out, STAGING)
+    try:
+        if set(os.listdir(out)) <= {STAGING} and set(os.listdir(staging)) <= {SETTINGS_FILE}:
+            shutil.rmtree(staging)
+            os.rmdir(out)
+    except OSError:  # not there, or not ours to remove
+        pass
 
 
 def _prepare(settings, out, space, say, workers, command, progress) -> dict:
