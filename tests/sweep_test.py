@@ -220,6 +220,23 @@ def test_bad_requests_fail_with_one_line_before_running_anything(tmp_path, capsy
     assert not workdir.exists() and "[1/" not in out and seconds < 10
 
 
+def test_config_flags_as_train_py_takes_them_are_set_overrides(tmp_path, capsys):
+    """`--config.a.b=v` (train.py's spelling) is `--set a.b=v`; a mistake in one is the
+    same one line."""
+    base = ["--config=configs/lm.py:size=tiny", f"--workdir={tmp_path}", "--rows=qk,vo"]
+    args = sweep.parse_args([*base, "--config.train.num_steps=7", "--set", "optim.lr=0.01"])
+    assert args.set == ["optim.lr=0.01", "train.num_steps=7"]
+    runs, context = plan.plan(args)
+    assert all("--config.train.num_steps=7" in run.flags for run in runs)
+    assert context["settings"]["train.num_steps"] == 7 and runs[0].final_step == 7
+    message, _, _, _ = _main([*base, "--config.model.num_layer=1"], capsys)
+    assert message.startswith("error: --set: no config field 'model.num_layer'; did you mean "
+                              "model.num_layers"), message  # fmt: skip
+    with pytest.raises(SystemExit) as e:
+        sweep.parse_args([*base, "--bogus=1"])
+    assert e.value.code == 2 and "unrecognized arguments: --bogus=1" in capsys.readouterr()[1]
+
+
 def test_a_second_sweep_on_a_workdir_in_use_stops_at_once_naming_the_first(tmp_path, capsys):
     workdir = tmp_path / "runs"
     argv = ["--config=configs/lm.py:size=tiny", f"--workdir={workdir}", "--rows=qk", "--set", TINY]
