@@ -3,12 +3,15 @@ evaluation (in training, eval_<step>.json, the suite) through the registry alone
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from configs import lm
-from rope_jax import defaults
+from rope_jax import defaults, ruler
+from rope_jax.experiments import suite_page
 from rope_jax.harness import checks, evals, metrics, suite
 from rope_jax.harness.evals import generated
 from rope_jax.harness.evaluate import evaluate_checkpoint
@@ -175,3 +178,72 @@ def test_greedy_answers_in_batches_equal_the_full_forward_argmax():
         cut = row.index(eos) if eos in row else len(row)
         assert list(answer) == row[:cut]
     assert len(answers[1]) <= 3
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def trained(data_dir, tmp_path_factory):
+    """A tiny run trained 4 steps at T = 256 bytes (RULER's short wording fits)."""
+    workdir = str(tmp_path_factory.mktemp("ruler") / "run")
+    overrides = {"data.seq_len": 256, "data.task_template": "short", "eval.answer_tokens": 12,
+                 "train.eval_every_steps": 0}  # fmt: skip
+    train_and_evaluate(tiny(data_dir, **overrides), workdir)
+    return workdir
+
+
+@pytest.mark.slow
+def test_the_suite_scores_ruler_tasks_into_cells_and_resumes(trained, tmp_path):
+    out = str(tmp_path / "suite")
+    results = suite.run(trained, out, tasks=("niah_single_1", "vt"), lengths=[256, 320], examples=3)
+    cells = results["cells"]
+    assert set(cells) == {"niah_single_1", "vt"} and set(cells["vt"]) == {"256", "320"}
+    for task, length in (("niah_single_1", 256), ("vt", 320)):
+        rows = [json.loads(x) for x in open(suite.examples_path(out, task, length))]
+        assert len(rows) == 3 and all(r["length_tokens"] == length for r in rows)
+        # the score of the cell is the mean of its examples', each RULER's of its prediction
+        assert cells[task][str(length)]["score"] == pytest.approx(
+            np.mean([r["score"] for r in rows])
+        )
+        for r in rows:
+            assert r["score"] == ruler.score_one(task, r["prediction"], r["answers"])
+            assert len(r["input"].encode()) == length - 12  # bytes: the prompt, exactly
+    depths = [
+        json.loads(x)["depths"][0] for x in open(suite.examples_path(out, "niah_single_1", 256))
+    ]
+    assert depths == sorted(depths) and depths[0] < 0.2 < 0.5 < depths[-1]  # asked 0, 1/2, 1
+    saved = json.load(open(os.path.join(out, suite.RESULTS)))
+    assert saved["cells"] == json.loads(json.dumps(cells)) and saved["step"] == 4
+    # a rerun computes nothing; an added length only its cells
+    before = os.path.getmtime(suite.examples_path(out, "vt", 256))
+    suite.run(trained, out, tasks=("niah_single_1", "vt"), lengths=[256, 320], examples=3)
+    assert os.path.getmtime(suite.examples_path(out, "vt", 256)) == before
+    md, png = suite_page.write(out)
+    table = open(md).read()
+    assert "| niah_single_1 |" in table and "| **average** |" in table
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_eval_py_runs_the_suite_and_refuses_bad_tasks_in_one_line(trained, tmp_path):
+    out = str(tmp_path / "cli")
+    cmd = [sys.executable, "eval.py", f"--workdir={trained}", "--tasks=niah_single_2",
+           "--lengths=256", "--examples=2", f"--out={out}"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.load(open(os.path.join(out, suite.RESULTS)))["cells"]["niah_single_2"]["256"]
+    assert os.path.exists(os.path.join(out, "results.md"))
+    for flags, message in (
+        (
+            ["--tasks=niah_singel_1"],
+            "unknown evaluation task 'niah_singel_1' (did you mean 'niah_single_1'?)",
+        ),
+        (["--tasks=niah_multiquery", "--lengths=256"], "niah_multiquery: length 256 is too short"),
+        (["--tasks=vt", "--examples=0"], "--examples"),
+        (["--tasks=vt", "--tag=x"], "--tag is not read by the suite"),
+    ):
+        cmd = [sys.executable, "eval.py", f"--workdir={trained}", f"--out={out}2", *flags]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

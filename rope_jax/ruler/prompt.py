@@ -95,8 +95,11 @@ def fill_units(unit: Callable[[int], np.ndarray], available: int) -> tuple[list[
 
 
 def unit_boundaries(pieces: Sequence[np.ndarray], whole: int) -> np.ndarray:
-    """Token offsets int [whole + 1] where a whole unit starts (and where the last ends)."""
-    return np.concatenate([[0], np.cumsum([len(p) for p in pieces[:whole]], dtype=np.int64)])
+    """Token offsets where a whole unit starts, where the last whole one ends, and the end
+    of the haystack (after the cut unit): a needle at depth 1 goes last, as in RULER."""
+    starts = np.cumsum([len(p) for p in pieces[:whole]], dtype=np.int64)
+    end = sum(len(p) for p in pieces)
+    return np.unique(np.concatenate([[0], starts, [end]])).astype(np.int64)
 
 
 def token_texts(ids: np.ndarray, tokenizer) -> list[str]:
