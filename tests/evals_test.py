@@ -247,3 +247,25 @@ def test_eval_py_runs_the_suite_and_refuses_bad_tasks_in_one_line(trained, tmp_p
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_the_suite_runs_on_an_imported_hf_model_in_its_own_tokenizer(data_dir, tmp_path):
+    """A Hugging Face checkpoint (imported by eval.py --hf) asked in RULER's own wording,
+    lengths counted in its tokenizer's tokens, haystacks from held-out Shakespeare."""
+    from rope_jax.harness import runfiles
+    from rope_jax.hf import run as hf_run
+
+    workdir, out = str(tmp_path / "m"), str(tmp_path / "suite")
+    config = lm.get_config()
+    config.data.data_dir, config.data.seq_len = data_dir, 64
+    config.eval.batch_size, config.eval.num_batches = 2, 1
+    hf_run.import_run(os.path.join(ROOT, "tests", "data", "hf", "llama"), workdir, config)
+    results = suite.run(workdir, out, tasks=("niah_single_2",), lengths=[700], examples=2)
+    assert results["cells"]["niah_single_2"]["700"]["examples"] == 2
+    tok = runfiles.load_tokenizer(workdir)
+    for line in open(suite.examples_path(out, "niah_single_2", 700)):
+        row = json.loads(line)
+        assert row["input"].startswith("A special magic number is hidden within the following")
+        assert row["input"].endswith("mentioned in the provided text is")
+        assert len(tok.encode(row["input"])) <= 700 - 128  # RULER's budget; re-encoding may merge
