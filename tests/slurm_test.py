@@ -265,6 +265,21 @@ def test_two_process_generate_prints_the_single_process_text_once(two_processes,
 
 
 @pytest.mark.slow
+def test_two_process_suite_writes_the_single_process_cells(two_processes, env, tmp_path):
+    """`srun -n 2 eval.py --out=DIR`: every process decodes every example; process 0
+    writes the cells, the same answers as one process's."""
+    workdir, _ = two_processes
+    flags = [f"--workdir={workdir}", "--tasks=niah_single_1", "--lengths=1024", "--examples=2"]
+    two = run([*srun(), sys.executable, "eval.py", *flags, f"--out={tmp_path}/two"], env)
+    assert two.returncode == 0, two.stdout + two.stderr
+    one = run([sys.executable, "eval.py", *flags, f"--out={tmp_path}/one"], env)
+    assert one.returncode == 0, one.stdout + one.stderr
+    rows = [[json.loads(x) for x in open(f"{tmp_path}/{n}/examples/niah_single_1_1024.jsonl")]
+            for n in ("one", "two")]  # fmt: skip
+    assert len(rows[0]) == 2 and rows[0] == rows[1]
+
+
+@pytest.mark.slow
 def test_two_processes_import_an_hf_model_once_and_evaluate_it_as_one(cluster, data_dir, env,
                                                                         tmp_path):  # fmt: skip
     """`srun -n 2 eval.py --hf=DIR`: both processes build the import, one run in the
