@@ -13,6 +13,8 @@ tokenized on its own.
   short  the same structure with a few words of instruction, no worked example and
          smaller answer budgets and word counts: for byte-level models trained at
          T = 256-512, where RULER's ~300 characters of instructions leave no haystack.
+         Its niah question repeats the needle's own words up to the value ("Magic
+         numbers for KEY:"), so finding the key is the whole task.
 
 Fields: `before`/`after` the text around the context ({type_needle_v}, {query}, {num_v},
 {num_cw} filled in), `needle` the needle sentence, `noise` the repeated filler sentence,
@@ -73,7 +75,7 @@ TEMPLATES: dict[str, dict[str, dict]] = {
     "short": {
         "niah": {
             "before": "Some magic {type_needle_v} are hidden here.",
-            "after": "\nThe magic {type_needle_v} for {query} are",
+            "after": "\nMagic {type_needle_v} for {query}:",
             "needle": "Magic {type_needle_v} for {key}: {value}.",
             "noise": NOISE,
             "singular": SINGULAR,
