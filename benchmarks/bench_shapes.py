@@ -28,29 +28,42 @@ def shape(size: str) -> dict:
     )
 
 
+def _config(s: dict, seq_len: int):
+    """A config of shape `s` at `seq_len`, for the model FLOPs' one owner,
+    `rope_jax.harness.flops` (imported here: the peer's child needs no JAX otherwise)."""
+    from configs import lm
+
+    c = lm.get_config("size=tiny")
+    c.model.update(num_layers=s["L"], embed_dim=s["D"], num_heads=s["N"],
+                   num_kv_heads=s["K"], head_dim=s["H"], mlp_dim=s["F"],
+                   vocab_size=s["V"])  # fmt: skip
+    c.data.seq_len = seq_len
+    return c
+
+
 def matmul_params(s: dict) -> int:
-    """Weights that enter a matmul: per layer q, k, v, o and SwiGLU, plus the head.
+    """Weights that enter a matmul: per layer q, k, v, o and SwiGLU, plus the head
+    (`flops.matmul_params`). The embedding table (a gather) and the norms' scales
+    (elementwise) are left out."""
+    from rope_jax.harness import flops
 
-    The embedding table (a gather) and the norms' scales (elementwise) are left out.
+    return flops.matmul_params(_config(s, s["T"]).model)
+
+
+def step_flops(s: dict, *, batch: int | None = None, seq_len: int | None = None,
+               causal: bool = False) -> int:  # fmt: skip
+    """Model FLOPs of one training step, B * T * `flops.flops_per_token`:
+
+      6 * P * B*T  +  12 * L * B * T^2 * N*H     (full T x T attention, PaLM)
+      6 * P * B*T  +   6 * L * B * T^2 * N*H     (`causal`: half of it, MaxText/Megatron)
+
+    P = `matmul_params`; softmax, norms, rotation and the optimiser are not counted.
     """
-    d, n, k, h, f = s["D"], s["N"], s["K"], s["H"], s["F"]
-    per_layer = d * n * h + 2 * d * k * h + n * h * d + 3 * d * f
-    return s["L"] * per_layer + d * s["V"]
+    from rope_jax.harness import flops
 
-
-def step_flops(s: dict, *, batch: int | None = None, seq_len: int | None = None) -> int:
-    """Model FLOPs of one training step (forward + backward = 3x forward):
-
-      6 * P * B*T  +  12 * L * B * T^2 * N*H
-
-    P = `matmul_params`; the second term is q.k and probs.v (2 * 2 * T^2 * N*H per
-    layer and sequence forward), counted over the full T x T square (no causal
-    halving, as in the PaLM MFU convention). Softmax, norms, rotation and the
-    optimiser are not counted.
-    """
     b = s["B"] if batch is None else batch
     t = s["T"] if seq_len is None else seq_len
-    return 6 * matmul_params(s) * b * t + 12 * s["L"] * b * t * t * s["N"] * s["H"]
+    return b * t * flops.flops_per_token(_config(s, t), causal=causal)
 
 
 def synthetic_batch(b: int, t: int, seed: int = 0) -> dict:

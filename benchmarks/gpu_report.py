@@ -57,33 +57,79 @@ def _kernels(r: dict) -> list[str]:
     return out
 
 
+def _step1b_order(m: dict) -> int:
+    """Where a setting ran: its recorded order, else (files from before the order was
+    recorded) its place in STEP1B_SETTINGS, the order the stage tries them in."""
+    if "order" in m:
+        return m["order"]
+    from gpu_stages import STEP1B_SETTINGS
+
+    return STEP1B_SETTINGS.index(m["setting"]) if m.get("setting") in STEP1B_SETTINGS else 99
+
+
+def _mfu_causal(m: dict) -> float | None:
+    """The setting's MFU counting causal attention as half the T x T square: recorded, or
+    (files from before it was) recounted from the preset by `harness.flops`, provided
+    that the preset's full count is the one recorded."""
+    if "mfu_causal" in m or m.get("mfu") is None:
+        return m.get("mfu_causal")
+    from configs import lm
+    from rope_jax.harness import flops
+
+    config = lm.get_config(f"size={m.get('size', '1b')}")  # every file before: size=1b
+    config.data.seq_len = m["seq_len"]
+    if flops.flops_per_token(config) != m["flops_per_token"]:
+        return None
+    return flops.causal_mfu(m["mfu"], config)
+
+
+def _step1b_memory(m: dict, earlier: int | None) -> tuple[str, str]:
+    """The setting's peak device GiB ("<= X" when it did not raise the peak that an
+    earlier setting of the process set) and XLA's bytes for its program alone."""
+    peak = m.get("peak_bytes") or 0
+    before = m.get("peak_bytes_before", earlier)
+    own = f"{peak / 2**30:.1f}" if before is None or peak > before else f"<= {peak / 2**30:.1f}"
+    p = m.get("program_bytes") or {}
+    program = (p.get("arguments", 0) + p.get("outputs", 0) + p.get("temp", 0)
+               - p.get("aliased", 0)) if p else None  # fmt: skip
+    return own, _f(program and program / 2**30, ".1f")
+
+
 def _step1b(r: dict) -> list[str]:
     if not r:
         return ["Not run."]
     out = [
         f"`size=1b`, bf16 compute, float32 master weights and Adam state, T = 2,048, synthetic "
         f"batches. MFU = tokens/s x model FLOPs per token / dense bf16 peak "
-        f"({_f((r.get('peak_flops') or 0) / 1e12)} TFLOP/s for {r.get('device')}); "
-        f"'of ceiling' divides by the bf16 matmul ceiling `check` measured "
+        f"({_f((r.get('peak_flops') or 0) / 1e12)} TFLOP/s for {r.get('device')}), under "
+        "two conventions: 'full' counts attention over the whole T x T square (PaLM), "
+        "'causal' half of it (MaxText, Megatron-LM; `rope_jax/harness/flops.py`); "
+        "'of ceiling' divides the full count by the bf16 matmul ceiling `check` measured "
         f"({_f(r.get('ceiling_gflops'))} GFLOP/s).",
         "",
-        "| setting | tok/s | step s | MFU | of ceiling | compile s | peak device GiB | "
-        "program temp GiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "| setting | tok/s | step s | MFU (full) | MFU (causal) | of ceiling | compile s | "
+        "peak device GiB | XLA program GiB | program temp GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for key, m in r.get("settings", {}).items():
+    earlier = None
+    for key, m in sorted(r.get("settings", {}).items(), key=lambda kv: _step1b_order(kv[1])):
         if m.get("oom"):
-            out.append(f"| {key} | out of memory | | | | | | |")
+            out.append(f"| {key} | out of memory | | | | | | | | |")
             continue
         temp = (m.get("program_bytes") or {}).get("temp")
+        peak, program = _step1b_memory(m, earlier)
+        earlier = max(earlier or 0, m.get("peak_bytes") or 0)
         out.append(f"| {key} | {_f(m['tokens_per_s'])} | {m['step_s']:.3f} | "
-                   f"{_f(m.get('mfu'), '.1%')} | {_f(m.get('of_ceiling'), '.1%')} | "
-                   f"{m['compile_s']:.0f} | {_f((m.get('peak_bytes') or 0) / 2**30, '.1f')} | "
-                   f"{_f((temp or 0) / 2**30, '.1f')} |")  # fmt: skip
+                   f"{_f(m.get('mfu'), '.1%')} | {_f(_mfu_causal(m), '.1%')} | "
+                   f"{_f(m.get('of_ceiling'), '.1%')} | {m['compile_s']:.0f} | {peak} | "
+                   f"{program} | {_f((temp or 0) / 2**30, '.1f')} |")  # fmt: skip
     out += [
         "",
-        "Peak device memory is the process's peak so far (settings run in the order "
-        "shown); the program's temp bytes are XLA's own figure for each setting.",
+        "Settings in the order they ran, one after another in one process per call. Peak "
+        "device memory is the process's peak after the setting: '<= X' marks a setting "
+        "that did not raise the peak an earlier one had set, so its own peak is at most X "
+        "and was not measured apart. XLA program = arguments + outputs + temp - aliased, "
+        "XLA's own figure for that setting's compiled step alone.",
     ]
     return out
 

@@ -359,6 +359,7 @@ def _time_train(config, *, warmup: int, steps: int) -> dict:
 
     run = harness.build(config, vocab_from_data=False)
     b, t = config.data.global_batch_size, config.data.seq_len
+    before = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
     t0 = time.time()
     with sharding.use_mesh(run.mesh, run.rules):
         state = jax.jit(run.init_fn, out_shardings=run.shardings)()
@@ -383,11 +384,13 @@ def _time_train(config, *, warmup: int, steps: int) -> dict:
         tokens_per_s=b * t / step_s,
         compile_s=compile_s,
         flops_per_token=flops.flops_per_token(config),
+        flops_per_token_causal=flops.flops_per_token(config, causal=True),
         remat_flops_per_token=flops.remat_flops_per_token(config),
         params=flops.num_params(config.model),
         first_loss=losses[0],
         last_loss=losses[-1],
-        peak_bytes=stats.get("peak_bytes_in_use"),
+        peak_bytes=stats.get("peak_bytes_in_use"),  # the process's peak so far
+        peak_bytes_before=before,  # ... before this setting: equal after = not raised by it
         program_bytes=None if mem is None else dict(
             arguments=mem.argument_size_in_bytes, outputs=mem.output_size_in_bytes,
             temp=mem.temp_size_in_bytes, aliased=mem.alias_size_in_bytes),
@@ -429,10 +432,11 @@ def step1b(ctx: Context) -> None:
             gc.collect()
             ctx.save()
             continue
-        m["setting"] = s
+        m["setting"], m["order"], m["size"] = s, len(runs), size  # order: as run, all calls
         m["seq_len"], m["batch"] = config.data.seq_len, config.data.global_batch_size
         if peak:
             m["mfu"] = m["tokens_per_s"] * m["flops_per_token"] / peak
+            m["mfu_causal"] = m["tokens_per_s"] * m["flops_per_token_causal"] / peak
         if ceiling:
             m["of_ceiling"] = m["tokens_per_s"] * m["flops_per_token"] / (ceiling * 1e9)
         runs[key] = m

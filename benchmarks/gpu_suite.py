@@ -13,9 +13,10 @@ Stages (in this order; `benchmarks/gpu_stages.py` holds them):
            (segment ids) and decoding through the cache; whether cuDNN's fused attention
            is in the compiled program.
   step1b   the `1b` preset in bf16 at the settings of STEP1B_SETTINGS (attention impl,
-           remat, batch), fastest first: tokens/s, MFU (PaLM convention,
-           `rope_jax.harness.cost`) against the device's dense bf16 peak and against the
-           ceiling measured by `check`, peak device memory.
+           remat, batch), in that order: tokens/s, MFU against the device's dense bf16
+           peak counting attention over the full T x T square (PaLM) and causally, as
+           half of it (MaxText, Megatron-LM; `rope_jax.harness.flops`), the full count
+           against the ceiling measured by `check`, peak device memory.
   rung     the nine-row rotation-site ablation on a travelling corpus
            (`benchmarks/gpu_data.py` makes it): every row's program compiled at once in
            parallel threads, then the rows trained one after another, `--rung_tokens`

@@ -47,6 +47,23 @@ def test_1b_flops_match_a_hand_count():
     assert ratio == pytest.approx(1.333, abs=1e-3)
 
 
+def test_causal_count_halves_the_attention_term_only():
+    config = lm.get_config("size=1b")  # L 16, N 32, H 64, T 2048
+    # causal attention: half the T x T square, 6 * 16 * 2048 * 32 * 64 = 402,653,184
+    causal = 6 * 973_608_960 + 402_653_184
+    assert flops.attention_flops_per_token(config.model, 2048, causal=True) == 402_653_184
+    assert flops.flops_per_token(config, causal=True) == causal == 6_244_306_944
+    assert flops.total_flops(config, causal=True) == causal * 500 * 256 * 2048
+    # the H100's 1b step: 79,711.47 tokens/s on one 989 TFLOP/s device
+    both = flops.mfu_both(79_711.4693906479, config, 1, 989e12)
+    assert both["full"] == pytest.approx(0.53573, abs=1e-5)
+    assert both["causal"] == pytest.approx(79_711.4693906479 * causal / 989e12)
+    assert both["causal"] == pytest.approx(0.50327, abs=1e-5)
+    assert flops.causal_mfu(both["full"], config) == pytest.approx(both["causal"])
+    tiny = lm.get_config("size=tiny")  # 12 * 2 * 128 * 4 * 32 = 393,216, half 196,608
+    assert flops.flops_per_token(tiny, causal=True) == 2_558_208 + 196_608
+
+
 def test_num_tokens_overrides_steps_times_batch_times_seq_len():
     config = lm.get_config("size=1b")
     assert flops.token_budget(config) == 500 * 256 * 2048
@@ -98,6 +115,10 @@ def test_the_plan_of_the_1b_preset_at_20b_tokens():
     lines = cost.format_plan(config, rows=9, seeds=(1, 3), measured=0.2)
     text = "\n".join(lines)
     assert "6.647e9" in text and "38,147 steps" in text and "x1.333" in text
+    # both conventions, each named: FLOPs per token and MFU
+    assert "full T x T attention, PaLM" in text and "= 6.244e9" in text
+    assert "planning 40% (full T x T attention, PaLM) = 37.6% (causal" in text
+    assert "measured 20.0% (full) = 18.8% (causal)" in text
     assert "9 runs: 1.196e21" in text and "27 runs: 3.589e21" in text
     # 1.3294e20 / (8 x 989e12 x 0.4) = 42,006 s = 11.7 h, 93 GPU-hours; at 20%: 23.3 h;
     # 9 runs 105 h (840 GPU-hours), 27 runs 315 h (2,520).

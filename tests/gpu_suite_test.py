@@ -293,3 +293,26 @@ def test_rows_compile_one_by_one_when_threads_fail(corpus, monkeypatch, capsys):
     rows = gpu_stages._compile_rows(configs)
     assert "compiling one row at a time" in capsys.readouterr().out
     assert set(rows) == {"", "qk"} and all(r.train and len(r.evals) == 3 for r in rows.values())
+
+
+def test_step1b_table_is_in_run_order_with_both_mfus_and_each_settings_memory():
+    """The H100's committed step1b JSON (sorted by name on disk): rows in the order the
+    settings ran, MFU counted over the full T x T square and causally, and the second
+    setting's peak marked as not its own (it did not raise the first one's)."""
+    with open(os.path.join(ROOT, "results/gpu_suite_2026-11-26_h100/step1b.json")) as f:
+        r = json.load(f)
+    assert list(r["settings"])[0].startswith("dot_product remat=block")  # sorted keys
+    rows = [x for x in gpu_report._step1b(r) if x.startswith("| dot_product")]
+    assert [x.split(" | ")[0] for x in rows] == ["| dot_product remat=none B=8 k=1",
+                                                 "| dot_product remat=block B=16 k=1"]  # fmt: skip
+    cells = [x.split(" | ") for x in rows]
+    assert cells[0][3:5] == ["53.6%", "50.3%"] and cells[1][3:5] == ["45.4%", "42.7%"]
+    assert cells[0][7:9] == ["31.7", "31.7"]  # its own peak; XLA: 10.9 + 20.9 GiB
+    assert cells[1][7:9] == ["<= 31.7", "16.5"]  # not its own; XLA: 10.9 + 5.6 GiB
+    page = "\n".join(gpu_report._step1b(r))
+    assert "in the order shown" not in page and "'causal' half of it" in page
+    # recorded by a newer run: its own order, MFU and peak before it
+    m = dict(r["settings"]["dot_product remat=block B=16 k=1"], order=0, mfu_causal=0.5,
+             peak_bytes_before=0)  # fmt: skip
+    rows = [x for x in gpu_report._step1b({"settings": {"b": m}}) if x.startswith("| b")]
+    assert rows[0].split(" | ")[4] == "50.0%" and rows[0].split(" | ")[7] == "31.7"

@@ -1,6 +1,6 @@
 """What a run costs: model FLOPs for a token budget, and wall time and device-hours on a
-pod, as a markdown plan (the counts and their convention, PaLM/MaxText MFU, are
-`harness/flops.py`).
+pod, as a markdown plan (the counts and their two conventions, PaLM's full T x T square
+and MaxText/Megatron's causal half, are `harness/flops.py`).
 
   python -m rope_jax.harness.cost --config=configs/lm.py:size=1b --num_tokens=20e9,5e9 \
       --rows=9 --seeds=1,3 --out=results/cost_plan.md
@@ -20,7 +20,7 @@ from rope_jax.harness import flops, workdir
 # Dense bfloat16 peak per device (no sparsity), FLOP/s.
 PEAK_BF16 = {"H100 SXM": 989e12, "H200": 989e12, "TPU v5p": 459e12}
 DEVICE_COUNTS = (8, 64, 256)
-MFU = 0.40  # planning figure for the wall-time columns (no 1b step measured here)
+MFU = 0.40  # planning figure (full T x T count) for the wall-time columns of many devices
 TOKENS_PER_PARAM = 20  # Chinchilla's compute-optimal ratio (Hoffmann et al., 2022)
 NOTES_MARKER = "<!-- notes: written by hand, kept when the command rewrites this file -->"
 
@@ -38,8 +38,9 @@ def format_plan(config, *, rows: int = 1, seeds: Sequence[int] = (1,), mfu: floa
       rows: runs of this shape per seed (a sweep's rows; rotation sites change no FLOPs).
       seeds: seed counts to total over: a wall-time and device-hour column pair each for
         rows x seeds runs (runs one after another, each on all the devices).
-      mfu: the planning MFU of the wall-time columns.
-      measured: a measured MFU (0-1): adds a per-run wall-time column at it.
+      mfu: the planning MFU of the wall-time columns, counted over the full T x T
+        square (`flops.CONVENTIONS`; the plan gives its causal equivalent).
+      measured: a measured MFU (0-1, full square): adds a per-run wall-time column.
       peaks: device kind -> dense bf16 peak FLOP/s (default `PEAK_BF16`).
       counts: device counts per kind.
 
@@ -53,7 +54,8 @@ def format_plan(config, *, rows: int = 1, seeds: Sequence[int] = (1,), mfu: floa
     if runs:
         totals = [f"{rows} rows x {s} seed{'s' * (s > 1)} = {n} runs: {sci(n * run_flops)} "
                   "model FLOPs" for s, n in runs]  # fmt: skip
-        lines.append("- " + "; ".join(totals))
+        lines.append("- " + "; ".join(totals) + " (full)")
+    lines.append(mfu_line(config, mfu, measured))
     peaks = PEAK_BF16 if peaks is None else peaks
     table = wall_time_table(run_flops, [n for _, n in runs], mfu=mfu, measured=measured,
                             peaks=peaks, counts=counts)  # fmt: skip
@@ -61,28 +63,42 @@ def format_plan(config, *, rows: int = 1, seeds: Sequence[int] = (1,), mfu: floa
 
 
 def summary_lines(config) -> list[str]:
-    """Parameters, FLOPs per token (both terms), token budget and steps, FLOPs per run."""
+    """Parameters, FLOPs per token under both conventions (`flops.CONVENTIONS`), token
+    budget and steps, FLOPs per run."""
     m, per_token, budget = config.model, flops.flops_per_token(config), flops.token_budget(config)
     p, attention = flops.matmul_params(m), flops.attention_flops_per_token(m, config.data.seq_len)
+    causal = flops.flops_per_token(config, causal=True)
     n = flops.num_params(m, data.kind(config.data).num_axes)
     source = "train.num_tokens" if config.train.num_tokens else "steps x B x T"
     b, t = config.data.global_batch_size, config.data.seq_len
     lines = [
         f"parameters {n:,}; in matmuls (P) {p:,}",
-        f"model FLOPs/token = 6P + 12*L*T*N*H = {sci(6 * p)} + {sci(attention)} = "
-        f"{sci(per_token)} (attention {attention / per_token:.1%}; full T x T, no causal "
-        "discount, as PaLM/MaxText MFU)",
+        f"model FLOPs/token, {flops.CONVENTIONS['full']}: 6P + 12*L*T*N*H = {sci(6 * p)} + "
+        f"{sci(attention)} = {sci(per_token)} (attention {attention / per_token:.1%}); "
+        f"{flops.CONVENTIONS['causal']}: 6P + 6*L*T*N*H = {sci(6 * p)} + "
+        f"{sci(attention // 2)} = {sci(causal)}",
         f"tokens {sci(budget)} ({source}) = {flops.steps_for_budget(config):,} steps of "
         f"{flops.tokens_per_step(config):,} tokens ({b} x {t}); "
         f"{budget / n:.1f} tokens per parameter",
-        f"model FLOPs per run {sci(flops.total_flops(config))}",
+        f"model FLOPs per run {sci(per_token * budget)} (full), {sci(causal * budget)} (causal)",
     ]
     remat = flops.remat_flops_per_token(config)
     if remat:
         hardware = per_token + remat
         lines[-1] += (f"; hardware FLOPs with remat={m.remat} {sci(hardware * budget)} "
-                      f"(x{hardware / per_token:.3f}, not counted in MFU)")  # fmt: skip
+                      f"(x{hardware / per_token:.3f} the full count, not in MFU)")  # fmt: skip
     return [f"- {line}" for line in lines]
+
+
+def mfu_line(config, mfu: float, measured: float | None) -> str:
+    """The MFU figures of the plan under both conventions: the wall times are the same
+    under either (FLOPs / MFU), the percentages are not."""
+    line = (f"- MFU: planning {mfu:.0%} ({flops.CONVENTIONS['full']}) = "
+            f"{flops.causal_mfu(mfu, config):.1%} ({flops.CONVENTIONS['causal']})")  # fmt: skip
+    if measured is not None:
+        line += (f"; measured {measured:.1%} (full) = {flops.causal_mfu(measured, config):.1%} "
+                 "(causal)")  # fmt: skip
+    return line + "; the wall times are the same under either"
 
 
 def wall_time_table(run_flops: float, totals: Sequence[int], *, mfu: float,
@@ -90,9 +106,10 @@ def wall_time_table(run_flops: float, totals: Sequence[int], *, mfu: float,
                     counts: Sequence[int]) -> list[str]:  # fmt: skip
     """Markdown rows (kind x count): wall time and device-hours of one run at `mfu` (and at
     `measured`), and of `n` runs one after another for each n in `totals`."""
-    header = ["device", "peak bf16 TFLOP/s", "count", f"wall/run @{mfu:.0%} MFU", "device-h/run"]
+    header = ["device", "peak bf16 TFLOP/s", "count", f"wall/run @{mfu:.0%} MFU (full)",
+              "device-h/run"]  # fmt: skip
     if measured is not None:
-        header.append(f"wall/run @{measured:.1%} (measured)")
+        header.append(f"wall/run @{measured:.1%} (measured, full)")
     for n in totals:
         header += [f"wall, {n} runs", f"device-h, {n} runs"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -168,8 +185,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--rows", type=int, default=1, help="runs of this shape per seed")
     p.add_argument("--seeds", default="1", help="seed counts to total over, e.g. 1,3")
-    p.add_argument("--mfu", type=float, default=MFU, help="planning MFU (0-1)")
-    p.add_argument("--measured_mfu", type=float, default=None, help="a measured MFU (0-1)")
+    p.add_argument("--mfu", type=float, default=MFU, help="planning MFU (0-1, full T x T)")
+    p.add_argument("--measured_mfu", type=float, default=None,
+                   help="a measured MFU (0-1, full T x T)")  # fmt: skip
     p.add_argument("--out", default="", help="write a markdown file here (default: print)")
     return p
 
@@ -215,8 +233,10 @@ def render(argv: Sequence[str]) -> list[str]:
         "",
         f"Compute-optimal budget (Chinchilla, {TOKENS_PER_PARAM} tokens per parameter): "
         f"{sci(TOKENS_PER_PARAM * params, 3)} tokens for {params:,} parameters.",
-        "Model FLOPs are 6P + 12*L*T*N*H per token (PaLM/MaxText MFU convention, full T x T "
-        "attention); wall time = FLOPs / (devices x dense bf16 peak x MFU); runs go one "
+        "Model FLOPs are 6P + 12*L*T*N*H per token counting the full T x T attention "
+        "(PaLM's MFU convention, the one the MFU figures and the FLOP totals use), or "
+        "6P + 6*L*T*N*H counting causal attention as half of it (MaxText's and "
+        "Megatron-LM's); wall time = FLOPs / (devices x dense bf16 peak x MFU); runs go one "
         "after another, each on all the devices of its row; device-hours = wall x devices.",
     ]
     for budget in budgets:

@@ -1,18 +1,21 @@
 """Model FLOPs of a run: parameters, FLOPs per token and per token budget, MFU.
 
-Convention (PaLM appendix B, as MaxText reports MFU): model FLOPs per token are
+Model FLOPs per token, under two conventions that differ only in the attention term:
 
-  6 * P  +  12 * L * T * N * H
+  full    6 * P  +  12 * L * T * N * H    PaLM (appendix B): the whole T x T square
+  causal  6 * P  +   6 * L * T * N * H    MaxText, Megatron-LM: causal attention halved
 
 P = `matmul_params` (every weight that enters a matmul: q, k, v (or the tied kv), o,
 SwiGLU, the LM head and the patch embedding; not the embedding table, a gather, nor
 the norms' scales), 6 = 2 (multiply-add) x 3 (forward + backward for the activations
-and for the weights). The second term is q.k^T and probs.v, 2 * 2 * T * N * H per token
-and layer forward, times 3, over the full T x T square: no causal discount, although a
-causal kernel may skip half of it. Softmax, norms, rotations and the optimiser are not
-counted. MFU = model FLOPs / (devices * peak * seconds); rematerialisation does not
-change the model FLOPs, only the hardware FLOPs (`remat_flops_per_token`), reported
-separately.
+and for the weights). The attention term is q.k^T and probs.v, 2 * 2 * T * N * H per
+token and layer forward, times 3: over the full T x T square (`causal=False`, the
+default), or over half of it (`causal=True`: the T^2 / 2 that a causal kernel needs, as
+MaxText and Megatron count it; not T (T + 1) / 2). The same measured step is a lower MFU
+under the causal count. Softmax, norms, rotations and the optimiser are not counted;
+sliding-window layers (`model.attention.window`) are counted as full ones.
+MFU = model FLOPs / (devices * peak * seconds); rematerialisation does not change the
+model FLOPs, only the hardware FLOPs (`remat_flops_per_token`), reported separately.
 
 `python -m rope_jax.harness.cost` turns these into a cost plan (`harness/cost.py`).
 
@@ -71,17 +74,40 @@ def num_params(model_cfg, num_axes: int = 1) -> int:
             + rotation_params(m, num_axes) + m.num_layers * extra)  # fmt: skip
 
 
-def attention_flops_per_token(model_cfg, seq_len: int) -> int:
-    """12 * L * T * N * H: q.k^T and probs.v, forward + backward, full T x T square."""
+CONVENTIONS = {
+    "full": "full T x T attention, PaLM",
+    "causal": "causal attention halved, MaxText/Megatron",
+}  # convention -> how a page names it; `causal=(convention == "causal")`
+
+
+def attention_flops_per_token(model_cfg, seq_len: int, *, causal: bool = False) -> int:
+    """q.k^T and probs.v, forward + backward: 12 * L * T * N * H over the full T x T
+    square, or half of it, 6 * L * T * N * H, with `causal`."""
     m = model_cfg
-    return 12 * m.num_layers * seq_len * m.num_heads * m.head_dim
+    full = 12 * m.num_layers * seq_len * m.num_heads * m.head_dim
+    return full // 2 if causal else full
 
 
-def flops_per_token(config) -> int:
-    """Model FLOPs per training token: 6 * P + 12 * L * T * N * H (see the module doc)."""
+def flops_per_token(config, *, causal: bool = False) -> int:
+    """Model FLOPs per training token: 6 * P + 12 * L * T * N * H, or with `causal`
+    6 * P + 6 * L * T * N * H (see the module doc)."""
     return 6 * matmul_params(config.model) + attention_flops_per_token(
-        config.model, config.data.seq_len
+        config.model, config.data.seq_len, causal=causal
     )
+
+
+def mfu_both(tokens_per_s: float, config, devices: int, peak: float) -> dict[str, float]:
+    """A measured throughput's MFU under each convention: {"full": .., "causal": ..}."""
+    return {
+        name: measured_mfu(tokens_per_s, flops_per_token(config, causal=name == "causal"),
+                           devices, peak)
+        for name in CONVENTIONS
+    }  # fmt: skip
+
+
+def causal_mfu(full_mfu: float, config) -> float:
+    """The causal-convention MFU of a step whose full-square MFU is `full_mfu`."""
+    return full_mfu * flops_per_token(config, causal=True) / flops_per_token(config)
 
 
 def remat_flops_per_token(config) -> int:
@@ -116,9 +142,9 @@ def steps_for_budget(config) -> int:
     return math.ceil(token_budget(config) / tokens_per_step(config))
 
 
-def total_flops(config) -> int:
+def total_flops(config, *, causal: bool = False) -> int:
     """Model FLOPs of one run: `flops_per_token` * `token_budget`."""
-    return flops_per_token(config) * token_budget(config)
+    return flops_per_token(config, causal=causal) * token_budget(config)
 
 
 def wall_seconds(flops: float, devices: int, peak: float, mfu: float) -> float:
