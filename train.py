@@ -29,7 +29,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from rope_jax.harness import cli, distributed
+from rope_jax.harness import cli, console, cpuspeed, distributed
 from rope_jax.harness.loop import NonFiniteLoss, print_dry_run, train_and_evaluate
 
 FLAGS = flags.FLAGS
@@ -62,6 +62,8 @@ def main(argv):
     config = FLAGS.config
     if config is None:
         cli.fail("--config is required, e.g. --config=configs/lm.py:size=tiny", cli.USAGE_ERROR)
+    if jax.process_index() == 0 and (line := cpuspeed.bf16_advice(config.model.dtype)):
+        console.warn(line)  # once, before anything compiles: bf16 measured slower here
     try:
         if FLAGS.dry_run:
             print_dry_run(config)

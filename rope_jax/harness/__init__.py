@@ -13,7 +13,8 @@
   checkpoint  Orbax checkpoints, verified on restore (checksums: their crc32 sums)
   runfiles    config.json and tokenizer/ of a workdir; resume: what may change on resume
   metrics     losses, evaluation sums, metric files
-  flops       parameters, model FLOPs per token and per budget, MFU
+  flops       parameters, model FLOPs per token and per budget (full and causal), MFU
+  cpuspeed    whether this CPU's bfloat16 products are slower than float32's (measured)
   cost        the cost plan of a token budget (python -m rope_jax.harness.cost)
   workdir     one writer per workdir (lock), writability, free space, atomic writes
   console     quiet logs and the run's progress lines
