@@ -12,7 +12,9 @@ In one run, for each size of `configs/common.py` (tiny, small):
   peer      HF transformers LlamaForCausalLM of the same shape (vocab 259, untied head,
             sdpa attention), torch.optim.AdamW (same lr, betas, decay on matrices,
             clip 1.0), float32, torch.set_num_threads(cores); and the same in bfloat16
-            compute under torch.autocast (float32 weights and optimiser state).
+            compute under torch.autocast (float32 weights and optimiser state); and the
+            float32 one again with its forward and loss under torch.compile (`--peer_compile`
+            mode, TorchInductor; "" leaves it out), as a PyTorch user would train.
   variants  ours with rope.sites "" (NoPE), "qk", "qkvo" and bfloat16 compute
             (float32 parameters), compiled in one child and timed round-robin, so
             their ratios share the machine's state.
@@ -69,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", default="", help="size=warmup:timed,... e.g. small=1:4")
     parser.add_argument("--pipeline_steps", type=int, default=100)
     parser.add_argument("--out", default="", help="markdown report (keeps its ## Notes)")
+    parser.add_argument(
+        "--peer_compile", default="default", help="torch.compile mode of the peer ('' = none)"
+    )
     parser.add_argument("--only", default="", help="child: ours|variants|peer|ceiling|...")
     parser.add_argument("--size", default="tiny", type=bench_child.preset)
     return parser
@@ -104,6 +109,9 @@ def _child(args, steps: dict) -> dict | None:
         "variants": lambda: measure_ours(args.size, list(VARIANTS), warmup=warm, steps=timed),
         "peer": lambda: measure_peer(args.size, warmup=warm, steps=timed),
         "peer_bf16": lambda: measure_peer(args.size, warmup=warm, steps=timed, dtype="bfloat16"),
+        "peer_compiled": lambda: measure_peer(
+            args.size, warmup=warm, steps=timed, compile=args.peer_compile
+        ),
         "ceiling": measure_ceiling,
         "pipeline": lambda: _pipeline(args.size, args.pipeline_steps),
         "layouts": pipeline_bench.measure_layouts,
@@ -115,7 +123,8 @@ def _child(args, steps: dict) -> dict | None:
 # ------------------------------------------------------------------ the parent
 
 
-def _run_children(sizes: list[str], steps: dict, pipeline_steps: int, has_peer: bool):
+def _run_children(sizes: list[str], steps: dict, pipeline_steps: int, has_peer: bool,
+                  peer_compile: str = ""):  # fmt: skip
     """Every measurement, each in its own child: (rows, ceiling, pipelines, layouts)."""
     child = lambda args: bench_child.run_child(args, script=__file__)
     step_args = ["--steps", ",".join(f"{k}={w}:{t}" for k, (w, t) in steps.items())]
@@ -126,8 +135,11 @@ def _run_children(sizes: list[str], steps: dict, pipeline_steps: int, has_peer: 
         ours = child(["--only=ours", *common])
         peer = child(["--only=peer", *common]) if has_peer else None
         peer_bf16 = child(["--only=peer_bf16", *common]) if has_peer else None
+        compiled = (child(["--only=peer_compiled", *common, f"--peer_compile={peer_compile}"])
+                    if has_peer and peer_compile else None)  # fmt: skip
         variants = child(["--only=variants", *common])
-        rows.append(train_report.summarize(size, ours, peer, variants, ceiling, peer_bf16))
+        rows.append(train_report.summarize(size, ours, peer, variants, ceiling, peer_bf16,
+                                           peer_compiled=compiled))  # fmt: skip
         pipe = child(["--only=pipeline", *common, f"--pipeline_steps={pipeline_steps}"])
         if pipe:
             pipelines.append(pipe)
@@ -170,6 +182,7 @@ def _meta(argv, steps: dict, has_peer: bool) -> dict:
         f"Python {platform.python_version()}",
         "versions": versions,
         "threads": os.cpu_count(),
+        "peer_compile": _parser().parse_args(argv).peer_compile if has_peer else "",
         "steps": steps,
         "note": ""
         if jax.default_backend() == "cpu"
@@ -198,7 +211,8 @@ def main(argv=None) -> int:
             "(use the venv of requirements-bench.txt)",
             file=sys.stderr,
         )
-    rows, ceiling, pipelines, lay = _run_children(sizes, steps, args.pipeline_steps, has_peer)
+    rows, ceiling, pipelines, lay = _run_children(sizes, steps, args.pipeline_steps, has_peer,
+                                                  args.peer_compile)  # fmt: skip
     text = train_report.report(rows, ceiling, pipelines, lay, _meta(argv, steps, has_peer))
     print(text)
     summary = {"rows": [{k: v for k, v in r.items() if k != "variants"} for r in rows]}

@@ -2,6 +2,10 @@
 
 `measure_peer` runs inside a child process of train_bench.py (needs the bench venv,
 requirements-bench.txt) and returns the dict that the child prints as its JSON line.
+With `compile=MODE` the model's forward and loss run through `torch.compile(mode=MODE)`
+(TorchInductor: generated C++/OpenMP kernels on a CPU, Triton on a GPU; the backward
+compiled with them by AOTAutograd), as a PyTorch user would train; the optimiser step
+stays eager.
 """
 
 from __future__ import annotations
@@ -80,8 +84,22 @@ def _torch_batches(s: dict, device: str, num_batches: int) -> list[dict]:
     ]
 
 
-def _train_step(model, opt, batch: dict, *, vocab: int, clip: float, dtype: str) -> float:
-    """Forward, cross-entropy, backward, clip, AdamW step: the loss.
+def _loss_fn(model, vocab: int, compile_mode: str = ""):
+    """(inputs, targets) -> mean cross-entropy of the model's logits (float32), through
+    `torch.compile(mode=compile_mode)` when a mode is given."""
+    import torch
+
+    def loss(inputs, targets):
+        logits = model(input_ids=inputs).logits  # [B, T, V]
+        return torch.nn.functional.cross_entropy(
+            logits.reshape(-1, vocab).float(), targets.reshape(-1)
+        )
+
+    return torch.compile(loss, mode=compile_mode) if compile_mode else loss
+
+
+def _train_step(model, opt, batch: dict, *, loss_fn, clip: float, dtype: str) -> float:
+    """Forward, cross-entropy (`loss_fn`), backward, clip, AdamW step: the loss.
 
     dtype "bfloat16": the forward under `torch.autocast` (bfloat16 matmuls, float32
     master weights, optimiser state and loss), torch's mixed precision, as ours.
@@ -90,10 +108,7 @@ def _train_step(model, opt, batch: dict, *, vocab: int, clip: float, dtype: str)
 
     device = batch["inputs"].device.type
     with torch.autocast(device, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
-        logits = model(input_ids=batch["inputs"]).logits  # [B, T, V]
-    loss = torch.nn.functional.cross_entropy(
-        logits.reshape(-1, vocab).float(), batch["targets"].reshape(-1)
-    )
+        loss = loss_fn(batch["inputs"], batch["targets"])
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     opt.step()
@@ -121,12 +136,16 @@ def measure_peer(
     dtype: str = "float32",
     batch: int | None = None,
     remat: bool = False,
+    compile: str = "",
 ) -> dict:
     """Median step time of the peer: forward, cross-entropy, backward, clip, AdamW.
 
     dtype: "float32", or "bfloat16" compute under autocast (`_train_step`).
     batch: sequences per step instead of the preset's. remat: HF gradient checkpointing
     (each decoder layer recomputed in the backward, as our `model.remat=block`).
+    compile: a `torch.compile` mode ("default", "max-autotune-no-cudagraphs", ...) for
+    the forward and loss, or "" (eager); the first step's time, compile included, is
+    returned as `first_step_s`.
     """
     import torch
     import transformers
@@ -144,8 +163,13 @@ def measure_peer(
     opt = _adamw(model, optim)
     batches = _torch_batches(s, device, num_batches)
     clip = optim.grad_clip_norm
-    step = lambda batch: _train_step(model, opt, batch, vocab=s["V"], clip=clip, dtype=dtype)
-    times, losses = _time_steps(step, batches, warmup=warmup, steps=steps)
+    loss_fn = _loss_fn(model, s["V"], compile)
+    step = lambda batch: _train_step(model, opt, batch, loss_fn=loss_fn, clip=clip, dtype=dtype)
+    start = time.perf_counter()
+    first_loss = step(batches[0])  # compiles, when compiling
+    first_step_s = time.perf_counter() - start
+    times, losses = _time_steps(step, batches, warmup=max(warmup - 1, 0), steps=steps)
+    losses = [first_loss, *losses]
     med = statistics.median(times)
     return {
         "side": "peer",
@@ -167,4 +191,6 @@ def measure_peer(
         "seq_len": s["T"],
         "remat": remat,
         "fused_adamw": device == "cuda",
+        "compile": compile,
+        "first_step_s": first_step_s,
     }

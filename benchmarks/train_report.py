@@ -54,14 +54,21 @@ def summarize(
     variants: dict | None,
     ceiling: dict | None,
     peer_bf16: dict | None = None,
+    *,
+    peer_compiled: dict | None = None,
 ) -> dict:
-    """Every number of one size's row from the children's JSON."""
+    """Every number of one size's row from the children's JSON.
+
+    MFU is counted both ways (`rope_jax.harness.flops`): "full" with attention over the
+    whole T x T square (PaLM), "causal" with half of it (MaxText, Megatron-LM).
+    """
     s = shape(size)
-    flops = step_flops(s)
+    flops, causal = step_flops(s), step_flops(s, causal=True)
     f32 = ours["variants"]["qk"] if ours else None
     var = variants["variants"] if variants else {}
     ceil = ceiling["f32_gflops"] * 1e9 if ceiling else None
     peer_s = peer["step_s"] if peer else None
+    comp = peer_compiled
     return {
         "size": size,
         "tokens": s["B"] * s["T"],
@@ -72,6 +79,10 @@ def summarize(
         "ours_vs_peer": _ratio(f32 and f32["tokens_per_s"], peer and peer["tokens_per_s"]),
         "peer_bf16_tok_s": peer_bf16 and peer_bf16["tokens_per_s"],
         "peer_bf16_s": peer_bf16 and peer_bf16["step_s"],
+        "peer_compiled_tok_s": comp and comp["tokens_per_s"],
+        "peer_compiled_s": comp and comp["step_s"],
+        "peer_compiled_first_s": comp and comp.get("first_step_s"),
+        "ours_vs_peer_compiled": _ratio(f32 and f32["tokens_per_s"], comp and comp["tokens_per_s"]),
         "bf16_vs_f32": _ratio(
             var.get("bf16", {}).get("tokens_per_s"), var.get("qk", {}).get("tokens_per_s")
         ),
@@ -79,7 +90,9 @@ def summarize(
             ceiling and ceiling.get("bf16_gflops"), ceiling and ceiling.get("f32_gflops")
         ),
         "ours_mfu": _ratio(f32 and flops / f32["step_s"], ceil),
+        "ours_mfu_causal": _ratio(f32 and causal / f32["step_s"], ceil),
         "peer_mfu": _ratio(peer_s and flops / peer_s, ceil),
+        "peer_mfu_causal": _ratio(peer_s and causal / peer_s, ceil),
         "qk_vs_nope": _ratio(var.get("qk", {}).get("step_s"), var.get("nope", {}).get("step_s")),
         "qkvo_vs_nope": _ratio(
             var.get("qkvo", {}).get("step_s"), var.get("nope", {}).get("step_s")
@@ -102,13 +115,17 @@ def _targets_table(rows: list[dict]) -> str:
         "ours tok/s f32",
         "peer tok/s f32",
         "ours/peer f32 (>=1.0)",
+        "peer compiled tok/s f32",
+        "ours/peer compiled f32",
         "ours bf16 tok/s",
         "peer bf16 tok/s",
         "ours bf16 / peer bf16 (>=1.0)",
         "bf16/f32 ours (>=3.0)",
         "bf16/f32 matmul ceiling",
-        "MFU ours (>=0.60)",
-        "MFU peer",
+        "MFU ours full (>=0.60)",
+        "MFU ours causal",
+        "MFU peer full",
+        "MFU peer causal",
         "qk/nope (<=1.05)",
         "qkvo/nope (<=1.10)",
         "peak mem ours MiB",
@@ -119,13 +136,17 @@ def _targets_table(rows: list[dict]) -> str:
         _fmt(r["ours_tok_s"], ",.0f"),
         _fmt(r["peer_tok_s"], ",.0f"),
         _mark(r["ours_vs_peer"], 1.0),
+        _fmt(r.get("peer_compiled_tok_s"), ",.0f"),
+        _fmt(r.get("ours_vs_peer_compiled")),
         _fmt(r["bf16_tok_s"], ",.0f"),
         _fmt(r["peer_bf16_tok_s"], ",.0f"),
         _mark(_ratio(r["bf16_tok_s"], r["peer_bf16_tok_s"]), 1.0),
         _mark(r["bf16_vs_f32"], 3.0),
         _fmt(r["ceiling_bf16_vs_f32"]),
         _mark(r["ours_mfu"], 0.60),
+        _fmt(r.get("ours_mfu_causal")),
         _fmt(r["peer_mfu"]),
+        _fmt(r.get("peer_mfu_causal")),
         _mark(r["qk_vs_nope"], 1.05, higher=False),
         _mark(r["qkvo_vs_nope"], 1.10, higher=False),
         _fmt(r["ours_rss"], ",.0f"),
@@ -149,9 +170,10 @@ def _steps_table(rows: list[dict]) -> str:
     header = [
         "size",
         "tokens/step",
-        "model GFLOP/step",
+        "model GFLOP/step (full)",
         "ours f32 step ms",
         "peer f32 step ms",
+        "peer compiled f32 step ms",
         "nope ms",
         "qk ms",
         "qkvo ms",
@@ -166,6 +188,7 @@ def _steps_table(rows: list[dict]) -> str:
         f"{r['flops'] / 1e9:.2f}",
         _ms(r["ours_step_s"]),
         _ms(r["peer_step_s"]),
+        _ms(r.get("peer_compiled_s")),
         *[_ms(r["variants"].get(v, {}).get("step_s")) for v in ("nope", "qk", "qkvo", "bf16")],
         _ms(r["peer_bf16_s"]),
         _gflops(r["flops"], r["ours_step_s"]),
@@ -213,11 +236,22 @@ def _intro(meta: dict) -> list[str]:
         f"{meta['steps']['tiny']}, small {meta['steps']['small']} (warm-up, timed)); each side "
         "in its own child process. Peer = HF transformers `LlamaForCausalLM` (same shape, "
         "untied head, sdpa attention), torch.optim.AdamW, float32, "
-        f"torch threads = {meta['threads']}; ours = `rope_jax.harness` train_step "
+        f"torch threads = {meta['threads']}, run eagerly" + _compiled_note(meta) + "; "
+        "ours = `rope_jax.harness` train_step "
         "(float32, sites qk unless noted; JAX uses all cores). Synthetic random-byte batches, "
         "the same for both." + meta.get("note", ""),
         "",
     ]
+
+
+def _compiled_note(meta: dict) -> str:
+    """How the compiled peer ran (a clause of the intro), or "" without one."""
+    mode = meta.get("peer_compile")
+    if not mode:
+        return ""
+    return (f", and again compiled: forward and loss under `torch.compile(mode={mode!r})` "
+            "(TorchInductor's C++/OpenMP kernels on a CPU; the backward compiled with them; "
+            "AdamW eager), timed after its first step, which compiles")  # fmt: skip
 
 
 def _ceiling_notes(ceiling: dict | None) -> list[str]:
@@ -229,9 +263,11 @@ def _ceiling_notes(ceiling: dict | None) -> list[str]:
         f"bfloat16 inputs with float32 accumulation "
         f"{_fmt(ceiling and ceiling['bf16_gflops'], '.1f')} GFLOP/s. MFU = model FLOPs per step "
         "/ step time / float32 ceiling, model FLOPs = 6 * P * B*T + 12 * L * B * T^2 * N*H "
-        "(P = weights that enter a matmul: q, k, v, o, SwiGLU and the head; no embedding "
-        "table; attention over the full T x T square; softmax, norms, rotation and the "
-        "optimiser uncounted). The same FLOPs are used for the peer.",
+        "counting attention over the full T x T square (PaLM; 'full'), or 6 * P * B*T + "
+        "6 * L * B * T^2 * N*H counting causal attention as half of it (MaxText, "
+        "Megatron-LM; 'causal') (P = weights that enter a matmul: q, k, v, o, SwiGLU and the "
+        "head; no embedding table; softmax, norms, rotation and the optimiser uncounted; "
+        "`rope_jax/harness/flops.py`). The same FLOPs are used for the peer.",
         "",
         "qk/nope and qkvo/nope: step time with `model.rope.sites` = qk / qkvo over sites = "
         "'' (NoPE), compiled in one child and timed round-robin with bf16 (the `nope, qk, "

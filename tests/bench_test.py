@@ -41,6 +41,8 @@ def test_flops_match_a_hand_count():
     # 6 * 616 * (2*3) + 12 * 1 * 2 * 3^2 * (2*4) = 22176 + 1728
     assert bench_shapes.step_flops(MICRO) == 22176 + 1728
     assert bench_shapes.step_flops(MICRO, batch=4, seq_len=6) == 6 * 616 * 24 + 12 * 4 * 36 * 8
+    # causal attention counted as half the square: 6 * 1 * 2 * 3^2 * (2*4) = 864
+    assert bench_shapes.step_flops(MICRO, causal=True) == 22176 + 864
 
 
 @pytest.mark.slow
@@ -120,6 +122,47 @@ def test_peer_side_returns_positive_numbers(monkeypatch):
     total = sum(p.numel() for p in model.parameters())
     norms = (2 * s["L"] + 1) * s["D"]
     assert bench_shapes.matmul_params(s) == total - s["V"] * s["D"] - norms  # same shape as ours
+
+
+@pytest.mark.slow
+def test_compiled_peer_runs_and_matches_the_eager_losses(monkeypatch):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    _micro_config(monkeypatch)
+    eager = train_peer.measure_peer("tiny", warmup=1, steps=2)
+    compiled = train_peer.measure_peer("tiny", warmup=1, steps=2, compile="default")
+    assert compiled["compile"] == "default" and eager["compile"] == ""
+    assert compiled["step_s"] > 0 and compiled["tokens_per_s"] > 0
+    assert compiled["first_step_s"] > compiled["step_s"]  # the first step compiles
+    # the same model, seed and batches: the same first loss to float rounding
+    assert compiled["first_loss"] == pytest.approx(eager["first_loss"], rel=1e-4)
+
+
+def test_report_puts_the_compiled_peer_beside_the_eager_one():
+    ours = {"variants": {"qk": {"step_s": 0.5, "tokens_per_s": 4096.0}}, "rss_mib": 1.0}
+    peer = {"step_s": 0.4, "tokens_per_s": 5120.0, "rss_mib": 1.0}
+    compiled = {"step_s": 0.25, "tokens_per_s": 8192.0, "first_step_s": 60.0}
+    ceiling = {"f32_gflops": 100.0, "bf16_gflops": 250.0, "n": 8}
+    row = train_report.summarize("tiny", ours, peer, None, ceiling, peer_compiled=compiled)
+    assert row["ours_vs_peer"] == pytest.approx(0.8)
+    assert row["ours_vs_peer_compiled"] == pytest.approx(0.5)
+    assert row["ours_mfu_causal"] < row["ours_mfu"]  # the causal count is smaller
+    s = bench_shapes.shape("tiny")
+    assert row["ours_mfu_causal"] == pytest.approx(
+        bench_shapes.step_flops(s, causal=True) / 0.5 / 100e9
+    )
+    meta = {"command": "c", "date": "d", "machine": "m", "versions": "v", "threads": 2,
+            "steps": {"tiny": (1, 2), "small": (1, 2)}, "peer_compile": "default"}  # fmt: skip
+    text = train_report.report([row], ceiling, [], None, meta)
+    lines = text.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("| size | ours tok/s f32"))
+    header, cells = lines[at], lines[at + 2]
+    named = dict(zip(header.split(" | "), cells.split(" | "), strict=True))
+    assert named["peer compiled tok/s f32"] == "8,192" and named["ours/peer compiled f32"] == "0.50"
+    assert "MFU ours causal" in named and "MFU peer full" in named
+    assert "torch.compile(mode='default')" in text
+    row = train_report.summarize("tiny", ours, peer, None, ceiling)  # no compiled peer
+    assert row["ours_vs_peer_compiled"] is None
 
 
 # The library's performance fixes (results/perf.md) must not change the numbers.
