@@ -7,19 +7,31 @@ The config module's `sweep(add)` calls `add(name="vo", **{"model.rope.sites": "v
 row (dotted config paths -> values). Run (row, seed k) is `python train.py` in
 <workdir>/<row>/seed_<k> (its own process: isolated, resumable, killable), then
 `python eval.py --seq_lens=T,2T,4T` (or, when the config sets eval.splits, eval.py at T
-on each of those splits, reported as answer accuracy per split). The same command
-again skips finished runs and resumes unfinished ones. Runs share the compilation
-cache <workdir>/jax_cache unless JAX_COMPILATION_CACHE_DIR is set. Writes <results>.md
-(table), <results>.png (bars + validation curves) and <results>.json (all numbers;
+on each of those splits, reported as answer accuracy per split). `--config.a.b=v` is
+`--set a.b=v`. The same command again skips finished runs and resumes unfinished ones.
+
+A run that fails (a non-finite loss, a crash, the out-of-memory killer, a SLURM job
+that failed or was cancelled) does not stop the sweep: it is recorded in
+<workdir>/<row>/seed_<k>/failed.json (`rope_jax.experiments.failures`: the reason in one
+line, its log) and the next run starts. The table is written from the finished runs,
+each row's mean over its finished seeds, every failed run named with its reason and
+log; then the sweep exits 1, its last line saying how many failed. The same command
+again runs a failed run again while it has failed at most --retries times (1);
+--skip_failed runs none; --status lists every run with each failure's reason.
+
+Runs share the compilation cache <workdir>/jax_cache unless JAX_COMPILATION_CACHE_DIR
+is set. Writes <results>.md (table), <results>.png (bars + validation curves, or the
+training loss when the runs were too short for those) and <results>.json (all numbers;
 render_markdown(json) rebuilds the table).
 
 With --launcher=slurm (--nodes, --tasks_per_node, --gpus_per_task, --partition, --time,
 ...) every run that is not done is one SLURM batch job instead, a generated
 <workdir>/<row>/seed_<k>/job.sbatch (`rope_jax.experiments.slurm`, docs/cluster.md).
 The command submits and returns; --status prints every job's state, --wait waits for
-them; the same command again resubmits ended unfinished runs and writes the table
-once every run is done. One sweep at a time holds a workdir: a second one on it stops
-at once with one line naming the first (host, PID, start time).
+them; the same command again resubmits runs whose job ended unfinished (a failure,
+retried as above) and writes the table once no job is queued or running. One sweep at
+a time holds a workdir: a second one on it stops at once with one line naming the
+first (host, PID, start time).
 """
 
 from __future__ import annotations
