@@ -109,3 +109,17 @@ def test_an_eval_file_counts_as_done_only_with_every_length(sweep):
     assert report_lib.evaluated(parts.eval_file(run, "code"), [8, 32])
     assert not report_lib.evaluated(parts.eval_file(run, "code"), [8, 64])  # made at 8, 32
     assert not report_lib.evaluated(parts.eval_file(run, "docs"), [8])  # not there
+
+
+def test_a_row_whose_runs_all_failed_is_shown_as_failed(sweep, tmp_path):
+    """A sweep that went on past failed runs: row vo has none finished ("runs": [])."""
+    path, data_dir = sweep
+    report = json.loads(path.read_text())
+    report["rows"]["vo"] = {"runs": [], "failed": [{"seed": 0, "reason": "r", "log": "l"}]}
+    path.write_text(json.dumps(report))
+    out = tmp_path / "parts"
+    parts.main([f"--sweep={path}", "--data=code", f"--data_dir={data_dir}", f"--out={out}"])
+    result = json.loads((tmp_path / "parts.json").read_text())
+    assert result["parts"]["all"]["ranks"] == {"qk": 1, "nope": 2}
+    lines = [x for x in (tmp_path / "parts.md").read_text().splitlines() if x.startswith("| vo")]
+    assert lines == ["| vo (2) | failed | failed | failed |"] * 2  # "all" and "code"

@@ -61,3 +61,18 @@ def test_the_scratch_sweep_given_as_the_continued_one_is_one_line(tmp_path):
         retrofit.main([f"--scratch={tmp_path / 's.json'}", f"--retrofit={tmp_path / 's.json'}",
                        f"--out={tmp_path / 'r'}"])  # fmt: skip
     assert not (tmp_path / "r.md").exists()
+
+
+def test_a_row_whose_runs_all_failed_is_shown_as_failed(tmp_path):
+    """A sweep that went on past a failed run: its row has no finished run ("runs": [],
+    "failed": [...]); the page shows it as failed, never as a number."""
+    continued = json.loads(json.dumps(CONTINUED))
+    continued["rows"]["vo"] = {"runs": [], "failed": [{"seed": 0, "reason": "r", "log": "l"}]}
+    out = retrofit.analyse(SCRATCH, continued)
+    assert list(out["rows"]) == ["qk"] and out["failed"] == ["vo"]
+    (tmp_path / "s.json").write_text(json.dumps(SCRATCH))
+    (tmp_path / "c.json").write_text(json.dumps(continued))
+    retrofit.main([f"--scratch={tmp_path / 's.json'}", f"--retrofit={tmp_path / 'c.json'}",
+                   f"--out={tmp_path / 'r'}"])  # fmt: skip
+    line = next(x for x in (tmp_path / "r.md").read_text().splitlines() if x.startswith("| vo"))
+    assert line.startswith("| vo | failed | failed |") and not any(c.isdigit() for c in line)

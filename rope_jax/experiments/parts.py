@@ -112,8 +112,11 @@ def evaluate(runs: list[dict], names: list[str], args, lengths: list[int]) -> No
 def table(report: dict, runs: list[dict], names: list[str], lengths: list[int]) -> dict:
     """{dataset: {row: {length: (mean, std)}, tokens}}, the sweep's own evaluation first
     (as "all")."""
+    failed = [row for row, entry in report["rows"].items() if not entry["runs"]]
     out = {"all": {"rows": {}, "tokens": None}}
     for row, entry in report["rows"].items():
+        if not entry["runs"]:  # every run of it failed: no number, shown as failed
+            continue
         out["all"]["rows"][row] = {
             str(n): mean_std([r["loss"][str(n)] for r in entry["runs"]])
             for n in lengths if all(str(n) in r["loss"] for r in entry["runs"])}  # fmt: skip
@@ -133,6 +136,7 @@ def table(report: dict, runs: list[dict], names: list[str], lengths: list[int]) 
         at_t = {r: v[str(lengths[0])][0] for r, v in entry["rows"].items() if str(lengths[0]) in v}
         entry["ranks"] = ranks(at_t)
         entry["tau"], entry["tau_p"], _ = kendall(at_t, reference)
+        entry["failed"] = failed
     return out
 
 
@@ -161,6 +165,9 @@ def render(parts: dict, lengths: list[int], reference: dict, command: str, seeds
                      for n in lengths]  # fmt: skip
             out.append(f"| {r} ({ref_rank.get(r, '—')}) | {entry['ranks'].get(r, '—')} | "
                        + " | ".join(cells) + " |")  # fmt: skip
+        for r in entry.get("failed", []):  # a row of the sweep with no finished run
+            out.append(f"| {r} ({ref_rank.get(r, '—')}) | failed | "
+                       + " | ".join(["failed"] * len(lengths)) + " |")  # fmt: skip
     return "\n".join(out) + "\n"
 
 

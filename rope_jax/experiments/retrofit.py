@@ -61,10 +61,13 @@ def _noise(a, b) -> float | None:
 
 def analyse(scratch: dict, retrofit: dict) -> dict:
     """Per row: scratch loss, the continued run's curve, its gap and when it closes."""
-    rows = [r for r in retrofit["rows"] if r in scratch["rows"]]
-    base = mean_std(_final(scratch, "qk")) if "qk" in scratch["rows"] else None
+    both = [r for r in retrofit["rows"] if r in scratch["rows"]]
+    rows = [r for r in both if scratch["rows"][r]["runs"] and retrofit["rows"][r]["runs"]]
+    qk = scratch["rows"].get("qk", {}).get("runs")
+    base = mean_std(_final(scratch, "qk")) if qk else None
     out = {"base_qk": base, "steps_scratch": scratch["settings"].get("train.num_steps"),
-           "steps_retrofit": retrofit["settings"].get("train.num_steps"), "rows": {}}  # fmt: skip
+           "steps_retrofit": retrofit["settings"].get("train.num_steps"), "rows": {},
+           "failed": [r for r in both if r not in rows]}  # fmt: skip
     for row in rows:
         s_mean, s_std = mean_std(_final(scratch, row))
         curve = []
@@ -124,6 +127,8 @@ def render(result: dict, command: str) -> str:
                    + f" | {last['gap']:+.3f}{noise} | "
                    + f"{r['closed_at'] or 'not within the run'} | "
                    + f"{_vs(r.get('vs_control'))} |")  # fmt: skip
+    for row in result.get("failed", []):  # every run of it failed in one of the sweeps
+        out.append(f"| {row} | " + " | ".join(["failed"] * (len(shown) + 4)) + " |")
     return "\n".join(out) + "\n"
 
 
