@@ -1,6 +1,8 @@
 """Makes the Hugging Face test fixtures in tests/data/hf/ (run once; the files are committed).
 
-  . .venv-bench/bin/activate && HF_HUB_OFFLINE=1 python scripts/make_hf_fixtures.py
+  . .venv-bench/bin/activate && HF_HUB_OFFLINE=1 python scripts/make_hf_fixtures.py [NAME ...]
+
+(NAMEs: only those fixtures, e.g. `mistral granite_swa`; default all.)
 
 Needs torch and transformers (`requirements-bench.txt`); the tests that read the fixtures
 need neither. Each fixture is a tiny random model written by `transformers`'
@@ -19,6 +21,16 @@ logits `transformers` computes for them in float32 (`logits.npy` [B, T, V]):
   qwen3          Qwen3ForCausalLM (q/k RMSNorm per head), untied, GQA, yarn
   llama_sharded  LlamaForCausalLM saved with a small max_shard_size: three shards and
                  model.safetensors.index.json
+  mistral        MistralForCausalLM, every layer sliding over W=8 keys (< T = 24), GQA,
+                 with rope_jax's byte-level tokenizer.json (V=259; row 0 starts "ROMEO:")
+  granite_swa    GraniteSWAForCausalLM: gpt-oss's attention (random per-head sinks,
+                 sliding/full alternation with W=6, gpt-oss's yarn rule with truncate=false)
+                 around a dense SwiGLU MLP, its multipliers Llama's; `variants.json` adds
+                 the class's default layer_types (every 4th layer full)
+
+The sliding-window fixtures also hold `greedy.npy` [B, P + N]: `generate`'s greedy tokens
+(no end-of-text stop) continuing the first P = 6 tokens of each row by N = 20, past the
+window.
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ import transformers  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "data", "hf")
 B, T = 2, 24
+GREEDY_PROMPT, GREEDY_NEW = 6, 20  # greedy.npy: P prompt tokens, N new ones (P + N > W)
 
 COMMON = dict(num_hidden_layers=2, hidden_act="silu", attn_implementation="eager")
 
@@ -87,7 +100,9 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen)
-            if name.endswith("norm.weight"):
+            if name.endswith("sinks"):  # one logit per head, some above the scores
+                p.copy_(noise)
+            elif name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * noise)
             elif name.endswith(".bias"):
                 p.copy_(0.1 * noise)
@@ -116,20 +131,43 @@ def tokenizer_json(vocab_size: int) -> str:
     return tok.to_str()
 
 
+def greedy(model, prompt: np.ndarray) -> np.ndarray:
+    """transformers' greedy continuation [B, P + N] of `prompt` [B, P] through its cache."""
+    model.generation_config.eos_token_id = None  # N new tokens whatever they are
+    with torch.no_grad():
+        out = model.generate(torch.as_tensor(prompt, dtype=torch.long), do_sample=False,
+                             max_new_tokens=GREEDY_NEW, min_new_tokens=GREEDY_NEW,
+                             pad_token_id=0)  # fmt: skip
+    return out.numpy().astype(np.int32)
+
+
+def byte_tokenizer_json() -> str:
+    """rope_jax's byte tokenizer (ids 0..255 bytes, PAD/BOS/EOS 256..258) as tokenizer.json."""
+    sys.path.insert(0, ROOT)
+    from rope_jax.data import tokenizers
+
+    return tokenizers.ByteTokenizer().to_hf().to_str()
+
+
 def make(name, config_cls, model_cls, *, seed, dtype=torch.float32, shard=None, tokenizer=None,
-         variants=None, **config):  # fmt: skip
+         variants=None, prefix=b"", decode=False, **config):  # fmt: skip
+    if sys.argv[1:] and name not in sys.argv[1:]:
+        return
     out = os.path.join(OUT, name)
     shutil.rmtree(out, ignore_errors=True)
     cfg = config_cls(**COMMON, **config)
     model = model_cls(cfg)
     randomize(model, seed)
     tokens = np.random.default_rng(seed).integers(0, cfg.vocab_size, (B, T)).astype(np.int32)
+    tokens[0, : len(prefix)] = list(prefix)  # byte ids of a prompt the tests type
     model.to(dtype).save_pretrained(out, max_shard_size=shard or "50GB")
     # what transformers computes from the directory, in float32 (bfloat16 weights upcast;
     # the rotary frequencies recomputed in float32, not the bfloat16 buffers of `model`)
     reference = model_cls.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
     np.save(os.path.join(out, "tokens.npy"), tokens)
     np.save(os.path.join(out, "logits.npy"), logits(reference, tokens).astype(np.float32))
+    if decode:
+        np.save(os.path.join(out, "greedy.npy"), greedy(reference, tokens[:, :GREEDY_PROMPT]))
     if tokenizer:
         with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8") as f:
             f.write(tokenizer)
@@ -172,6 +210,25 @@ def main():
     make("llama_sharded", t.LlamaConfig, t.LlamaForCausalLM, seed=5, shard="100KB",
          vocab_size=128, rms_norm_eps=1e-5, tie_word_embeddings=False,
          rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **llama)  # fmt: skip
+    make("mistral", t.MistralConfig, t.MistralForCausalLM, seed=6, vocab_size=259,
+         hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+         head_dim=16, max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False,
+         sliding_window=8, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+         pad_token_id=256, bos_token_id=257, eos_token_id=258,
+         tokenizer=byte_tokenizer_json(), prefix=b"ROMEO:", decode=True)  # fmt: skip
+    # gpt-oss's attention: sinks, sliding layers first then full ones, its yarn rule
+    # (factor 32, beta 32/1, truncate false over L0 4096, here over L0 = 8)
+    make("granite_swa", t.GraniteSWAConfig, t.GraniteSWAForCausalLM, seed=7, vocab_size=128,
+         hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+         head_dim=16, max_position_embeddings=32, rms_norm_eps=1e-5, tie_word_embeddings=False,
+         pad_token_id=0, bos_token_id=1, eos_token_id=2, sliding_window=6,
+         layer_types=["sliding_attention", "full_attention"],
+         attention_multiplier=16**-0.5, embedding_multiplier=1.0, residual_multiplier=1.0,
+         logits_scaling=1.0, decode=True,
+         rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 150000.0,
+                          "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                          "original_max_position_embeddings": 8},
+         variants={"default_layer_types": {"layer_types": None}})  # fmt: skip
 
 
 if __name__ == "__main__":

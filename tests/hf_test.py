@@ -32,7 +32,9 @@ from rope_jax.nn import model as model_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "data", "hf")
-NAMES = ("llama", "llama_tied", "qwen2", "qwen3", "llama_sharded")
+NAMES = ("llama", "llama_tied", "qwen2", "qwen3", "llama_sharded", "mistral", "granite_swa")
+SLIDING = ("mistral", "granite_swa")  # fixtures with greedy.npy: P = 6 prompt tokens
+GREEDY_PROMPT = 6
 
 
 def fixture(name: str) -> str:
@@ -148,6 +150,107 @@ def test_imported_model_decodes_with_its_cache():
     for _ in range(3):
         seq = np.concatenate([seq, np.argmax(np.asarray(model(seq))[:, -1:], -1)], axis=1)
     np.testing.assert_array_equal(new, seq[:, 5:])
+
+
+def test_sliding_windows_sinks_and_layer_types_are_read():
+    mistral = hf_config.model_fields(hf_config.read(fixture("mistral")))
+    assert (mistral["attention.window"], mistral["attention.layer_types"]) == (8, ())
+    assert mistral["attention.sinks"] is False
+    granite = hf_config.model_fields(hf_config.read(fixture("granite_swa")))
+    assert granite["attention.sinks"] is True and granite["attention.window"] == 6
+    assert granite["attention.layer_types"] == ("sliding", "full")
+    assert granite["rope.scaling"]["rope_type"] == "yarn"
+    assert granite["rope.scaling"]["truncate"] is False  # gpt-oss's yarn
+    no_window = hf_config.model_fields({**hf_config.read(fixture("mistral")),
+                                        "sliding_window": None})  # fmt: skip
+    assert (no_window["attention.window"], no_window["attention.layer_types"]) == (0, ())
+
+
+@pytest.mark.parametrize("name", SLIDING)
+def test_the_window_and_the_sinks_change_the_logits(name):
+    """The fixtures' T = 24 tokens run past the window and the sinks are not zero: a
+    model without either would not equal transformers (the test can tell)."""
+    model, cfg, _ = hf.load(fixture(name))
+    tokens = np.load(os.path.join(fixture(name), "tokens.npy"))
+    want = np.load(os.path.join(fixture(name), "logits.npy"))
+    assert tokens.shape[1] > cfg.attention.window
+    params = nnx.state(model, nnx.Param)
+    full = cfg.copy_and_resolve_references()
+    full.attention.window, full.attention.layer_types = 0, ()
+    without = nnx.merge(nnx.graphdef(convert.abstract_model(full)), params)
+    assert max_diff(without(tokens), want) > 1e-2
+    if cfg.attention.sinks:
+        for _, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+            if var.shape == (cfg.num_heads,):
+                var.set_value(np.full(var.shape, -1e9, var.dtype))  # exp(sink) = 0
+        assert max_diff(model(tokens), want) > 1e-2
+
+
+@pytest.mark.parametrize("name", SLIDING)
+def test_greedy_decoding_past_the_window_equals_transformers(name):
+    """`generate` through the key/value cache (ring caches on the sliding layers) gives
+    transformers' greedy tokens (`greedy.npy`, its own cache), 26 tokens past W = 8 / 6."""
+    model, cfg, _ = hf.load(fixture(name))
+    want = np.load(os.path.join(fixture(name), "greedy.npy"))
+    assert want.shape[1] > cfg.attention.window + GREEDY_PROMPT
+    new = generate.generate(model, want[:, :GREEDY_PROMPT], max_new_tokens=want.shape[1] - 6)
+    np.testing.assert_array_equal(np.asarray(new), want[:, GREEDY_PROMPT:])
+
+
+GRANITE_VARIANTS = json.load(open(os.path.join(FIXTURES, "granite_swa", "variants.json")))
+
+
+@pytest.mark.parametrize("variant", sorted(GRANITE_VARIANTS))
+def test_granite_swa_variants_equal_transformers(variant, tmp_path):
+    """No layer_types in config.json: GraniteSWA's own default (layer i full when
+    i % 4 == 0), not the fixture's order."""
+    directory = copy_fixture("granite_swa", tmp_path, **GRANITE_VARIANTS[variant])
+    model, cfg, _ = hf.load(directory)
+    assert cfg.attention.layer_types == ("full", "sliding")
+    tokens = np.load(os.path.join(directory, "tokens.npy"))[:1]
+    want = np.load(os.path.join(directory, f"logits.{variant}.npy"))
+    np.testing.assert_allclose(np.asarray(model(tokens)), want, rtol=0,
+                               atol=1e-5 * np.abs(want).max())  # fmt: skip
+    assert max_diff(want, np.load(os.path.join(directory, "logits.npy"))[:1]) > 1e-2
+
+
+def test_a_byte_level_tokenizer_json_gives_the_byte_ids():
+    """What a byte-level run exports: `tokenizers` loads it and encodes text to the
+    ByteTokenizer's ids (the 256 bytes, PAD/BOS/EOS at 256/257/258) and back."""
+    import tokenizers as hf_tokenizers
+
+    from rope_jax.data import tokenizers
+
+    ours = tokenizers.ByteTokenizer()
+    tok = hf_tokenizers.Tokenizer.from_str(ours.to_hf().to_str())
+    text = "ROMEO: O, sé thou\tpa\u0300tient,\r\n  日本 \x00\x7f end ~"
+    assert tok.encode(text).ids == ours.encode(text) and tok.decode(tok.encode(text).ids) == text
+    assert tok.get_vocab_size() == ours.vocab_size == 259
+    assert [tok.token_to_id(t) for t in ("<pad>", "<bos>", "<eos>")] == [256, 257, 258]
+    assert tok.decode([72, 105, 258, 0xE6]) == ours.decode([72, 105, 258, 0xE6])  # bad UTF-8
+    assert sorted(tok.get_vocab().values()) == list(range(259))
+
+
+def test_an_exported_byte_level_run_carries_its_tokenizer(tmp_path):
+    """A byte-level run (runfiles gives it a ByteTokenizer) exports a tokenizer.json that
+    `tokenizers` reads with the run's ids, and re-imports with it."""
+    import tokenizers as hf_tokenizers
+
+    from rope_jax.data import tokenizers
+
+    ours = tokenizers.ByteTokenizer()
+    assert runfiles.load_tokenizer(str(tmp_path)).kind == "bytes"  # a run without a tokenizer/
+    model, cfg = random_model(vocab_size=259)
+    files = hf.save(str(tmp_path / "out"), model, cfg, max_position_embeddings=64, tokenizer=ours)
+    assert "tokenizer.json" in map(os.path.basename, files)
+    cfg_json = json.load(open(tmp_path / "out" / "config.json"))
+    assert [cfg_json[f"{k}_token_id"] for k in ("pad", "bos", "eos")] == [256, 257, 258]
+    tok = hf_tokenizers.Tokenizer.from_file(str(tmp_path / "out" / "tokenizer.json"))
+    _, _, again = hf.load(str(tmp_path / "out"))
+    text = "KING: Now is the winter of our discontent\n"
+    assert tok.encode(text).ids == again.encode(text) == ours.encode(text)
+    assert (again.pad_id, again.bos_id, again.eos_id, again.vocab_size) == (256, 257, 258, 259)
+    assert again.encode("a<eos>") == ours.encode("a<eos>")  # text, as in the run
 
 
 # ------------------------------------------------------------------------------ export
@@ -275,6 +378,12 @@ EXPORTS = {  # overrides -> HF class; every one reloads with the same logits
     "qk_norm_tied_yarn": ({"attention.qk_norm": True, "tie_embeddings": True,
                            "rope.layout": "interleaved", "rope.scaling.rope_type": "yarn",
                            "rope.scaling.factor": 4.0}, "Qwen3ForCausalLM"),
+    "sliding_every_layer": ({"attention.window": 6}, "MistralForCausalLM"),
+    "sinks_alternating_yarn": ({"attention.sinks": True, "attention.window": 5,
+                                "attention.layer_types": ("full", "sliding"),
+                                "rope.scaling.rope_type": "yarn", "rope.scaling.factor": 4.0,
+                                "rope.scaling.truncate": False}, "GraniteSWAForCausalLM"),
+    "sinks_only": ({"attention.sinks": True}, "GraniteSWAForCausalLM"),
     "qkv_bias_longrope": ({"attention.qkv_bias": True, "rope.layout": "interleaved",
                            "rope.scaling.rope_type": "longrope",
                            "rope.scaling.original_max_position_embeddings": 8,
@@ -294,6 +403,10 @@ def test_export_maps_every_layout_and_feature(case, tmp_path):
     assert json.load(open(os.path.join(tmp_path, "config.json")))["architectures"] == [arch]
     again, cfg2, _ = hf.load(str(tmp_path))
     assert cfg2.rope.layout == "half"
+    assert cfg2.attention.to_dict() == {
+        **cfg.attention.to_dict(),
+        "layer_types": tuple(cfg.attention.layer_types),
+    }
     tokens = np.random.default_rng(0).integers(0, 64, (2, 20))  # 20 > L0 = 8 for longrope
     want = np.asarray(model(tokens))
     np.testing.assert_allclose(np.asarray(again(tokens)), want, atol=1e-5 * np.abs(want).max())
@@ -311,8 +424,10 @@ REFUSED = {
     "model.rope.nope_every=2": {"model.rope.nope_every": 2},
     "model.rope.global_every=2": {"model.rope.global_every": 2, "model.rope.local_base": 100.0},
     "data (position axes)=3": {"num_axes": 3},
-    "model.attention.sinks=True": {"model.attention.sinks": True},
-    "model.attention.window=16": {"model.attention.window": 16},
+    "model.attention.sinks=True": {"model.attention.sinks": True,
+                                   "model.attention.qkv_bias": True},
+    "model.attention.window=16": {"model.attention.window": 16,
+                                  "model.attention.qk_norm": True},
     "partial_rotary_factor=0.5": {"model.rope.scaling.rope_type": "yarn",
                                   "model.rope.scaling.partial_rotary_factor": 0.5},
 }  # fmt: skip
@@ -360,6 +475,14 @@ def _dtype_mismatch(tmp_path):
     return directory
 
 
+def _router_tensor(tmp_path):
+    directory = copy_fixture("granite_swa", tmp_path)
+    arrays = tensors(directory)
+    arrays["model.layers.1.mlp.router.weight"] = np.zeros((4, 32), np.float32)
+    save_file(arrays, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    return directory
+
+
 BAD_INPUT = {
     "missing shard": (_missing_shard, "shard model-00002-of-00003.safetensors listed in "
                       "model.safetensors.index.json is missing"),
@@ -381,6 +504,30 @@ BAD_INPUT = {
         "config.json rope_scaling['type']='foo' must be one of default, linear"),
     "no weights": (lambda t: os.path.dirname(copy_fixture("llama_tied", t)) + "/nothing",
                    "is not a directory"),
+    "gpt-oss": (lambda t: copy_fixture("granite_swa", t, architectures=["GptOssForCausalLM"],
+                                       model_type="gpt_oss", num_local_experts=32),
+                "config.json architectures=['GptOssForCausalLM'] num_local_experts=32: a "
+                "mixture-of-experts MLP (router and experts) is not supported"),
+    "experts counted": (lambda t: copy_fixture("llama", t, num_experts=8),
+                        "num_experts=8: a mixture-of-experts MLP"),
+    "router weights": (_router_tensor, "tensor model.layers.1.mlp.router.weight belongs to "
+                       "a mixture-of-experts MLP (router and experts), which is not supported"),
+    "layer type": (lambda t: copy_fixture("granite_swa", t, layer_types=["sliding_attention",
+                                                                          "chunked_attention"]),
+                   "config.json layer_types[1]='chunked_attention' is not supported: rope_jax's "
+                   "layers are full_attention or sliding_attention"),
+    "sliding qwen": (lambda t: copy_fixture("qwen3", t, use_sliding_window=True,
+                                            layer_types=["sliding_attention"] * 2),
+                     "Qwen3ForCausalLM's sliding-window layers are not supported"),
+    "mistral layer_types": (lambda t: copy_fixture("mistral", t, layer_types=[
+        "sliding_attention", "full_attention"]), "MistralForCausalLM slides every layer"),
+    "attention multiplier": (lambda t: copy_fixture("granite_swa", t, attention_multiplier=1.0),
+                             "config.json attention_multiplier=1.0 is not supported: rope_jax's "
+                             "decoder has attention_multiplier=0.25 (head_dim ** -0.5) fixed"),
+    "per-layer bases": (lambda t: copy_fixture("granite_swa", t, layer_rope_theta=[1e4, 0]),
+                        "config.json layer_rope_theta=[10000.0, 0]: per-layer bases and NoPE"),
+    "bad window": (lambda t: copy_fixture("mistral", t, sliding_window=0),
+                   "config.json sliding_window=0 must be a positive integer or null"),
 }  # fmt: skip
 
 

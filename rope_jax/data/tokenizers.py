@@ -131,6 +131,24 @@ class ByteTokenizer(Tokenizer):
     def _write_files(self, directory: str) -> None:
         return None
 
+    def to_hf(self) -> HFTokenizer:
+        """The same ids as an HF `tokenizer.json` (what a byte-level run exports): a
+        byte-level BPE with no merges whose 256 symbols (GPT-2's byte alphabet) have
+        their byte's id, and PAD/BOS/EOS as special tokens at 256/257/258."""
+        tokenizers = _import_hf("bytes")
+        from tokenizers import decoders, models, pre_tokenizers
+
+        vocab = _bytes_to_unicode()  # character -> its byte, the id
+        tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.add_special_tokens([PAD, BOS, EOS])  # the next ids: 256, 257, 258
+        ids = [tok.token_to_id(t) for t in (PAD, BOS, EOS)]
+        if ids != [self.pad_id, self.bos_id, self.eos_id]:  # byte_tokenizer's ids changed
+            raise ValueError(f"byte specials landed at {ids}, not the byte tokenizer's ids")
+        name = f"hf-bytes-{_text_hash(tok.to_str())}"
+        return HFTokenizer(tok, name=name, pad_id=ids[0], bos_id=ids[1], eos_id=ids[2])
+
 
 # ------------------------------------------------------------------ HF tokenizer.json
 

@@ -4,11 +4,13 @@ r"""Hugging Face checkpoints from the command line (docs/hf.md).
   python -m rope_jax.hf import --hf=path/to/model --workdir=runs/m [--config=configs/lm.py]
 
 export: checkpoint --step (default the newest) of the run in --workdir as config.json,
-model.safetensors and (for a run with an HF tokenizer) tokenizer.json, which
+model.safetensors and tokenizer.json (a byte-level run's: the same 259 ids), which
 `transformers.AutoModelForCausalLM.from_pretrained` loads (LlamaForCausalLM; Qwen2 /
-Qwen3 for q/k/v biases / q/k norms). A run HF's classes cannot express (rotation sites
-other than qk, tied K/V, learned rotations, NoPE layers, N-D positions, attention sinks,
-sliding windows) is refused with one line naming the setting.
+Qwen3 for q/k/v biases / q/k norms; Mistral for sliding windows on every layer,
+GraniteSWA for sinks or sliding and full layers mixed). A run HF's classes cannot
+express (rotation sites other than qk, tied K/V, learned rotations, NoPE layers, N-D
+positions, sinks or windows with q/k/v biases or q/k norms) is refused with one line
+naming the setting.
 
 import: the HF model directory --hf as a run in --workdir (config.json, tokenizer/, a
 step-0 checkpoint); --config gives its data, eval and mesh sections (default

@@ -5,7 +5,10 @@ the model features its checkpoints carry (q/k/v biases, q/k RMSNorm per head). I
 (`model_fields`) maps a config.json to dotted `config.model` fields; export (`to_hf`)
 writes a config.json that `transformers` reads as the same model, after
 `check_exportable` has refused (one line naming the setting) what its classes cannot
-express.
+express. Sliding windows and sinks: Mistral (every layer sliding over `sliding_window`)
+and GraniteSWA (gpt-oss's attention, sinks and per-layer `layer_types`, with a dense
+SwiGLU MLP) are read and written; gpt-oss itself and every mixture-of-experts checkpoint
+are refused (its MLP is experts).
 
 Field mapping (HF -> rope_jax `config.model`):
   vocab_size, num_hidden_layers, hidden_size,          vocab_size, num_layers, embed_dim,
@@ -14,7 +17,9 @@ Field mapping (HF -> rope_jax `config.model`):
   rope_parameters.rope_theta (or rope_theta)           rope.base
   rope_parameters (or rope_scaling), other keys        rope.scaling.* (the same key names)
   max_position_embeddings                              rope.max_position_embeddings
-  (the architecture)                                   attention.qkv_bias, attention.qk_norm
+  (the architecture)                                   attention.qkv_bias, attention.qk_norm,
+                                                       attention.sinks
+  sliding_window, layer_types                          attention.window, attention.layer_types
 and `rope.layout = "half"`: HF's Llama and Qwen code rotates pairs (i, i + H/2)
 (`rotate_half`); an `interleaved` model is exported by permuting its q/k rows
 (`weights.py`), so the scores are the same.
@@ -45,20 +50,39 @@ class Architecture:
     model_type: str
     qkv_bias: bool  # q/k/v projections carry biases (o does not)
     qk_norm: bool  # RMSNorm of scale [H] on every q and k head, before the rotation
+    sinks: bool = False  # one sink logit per query head, `self_attn.sinks` [N]
+    # which layers slide over `sliding_window` keys: "none" (every layer full),
+    # "every" (all of them when sliding_window is set: Mistral), "layer_types" (HF's
+    # per-layer `layer_types`, missing = `default_types`)
+    windows: str = "none"
+    default_types: tuple[str, int] = ("full_attention", 1)  # (type, every k-th) else sliding
 
 
 ARCHITECTURES = {
     "LlamaForCausalLM": Architecture("llama", qkv_bias=False, qk_norm=False),
     "Qwen2ForCausalLM": Architecture("qwen2", qkv_bias=True, qk_norm=False),
     "Qwen3ForCausalLM": Architecture("qwen3", qkv_bias=False, qk_norm=True),
-}
+    "MistralForCausalLM": Architecture("mistral", qkv_bias=False, qk_norm=False, windows="every"),
+    # Granite with sliding windows and sinks: gpt-oss's attention (sinks, sliding/full
+    # layers, any rope rule) around a dense SwiGLU MLP; layer i full when i % 4 == 0
+    "GraniteSWAForCausalLM": Architecture("granite_swa", qkv_bias=False, qk_norm=False,
+                                          sinks=True, windows="layer_types",
+                                          default_types=("full_attention", 4)),
+}  # fmt: skip
+# HF layer types -> rope_jax's (`model.attention.layer_types`)
+LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding"}
+# Config keys that count experts: any above 1 is a mixture-of-experts MLP
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+# Classes whose MLP is experts whatever their count (what import says is missing)
+_MOE_ONLY = {"GptOssForCausalLM": "gpt-oss"}
 
 # Dotted `config.model` fields that a checkpoint decides (`model_fields` sets them all);
 # the others (sites, dtypes, remat, attention.impl, ...) stay the run's.
 ARCH_FIELDS = (
     "vocab_size", "num_layers", "embed_dim", "num_heads", "num_kv_heads", "head_dim",
     "mlp_dim", "norm_eps", "tie_embeddings", "attention.qkv_bias", "attention.qk_norm",
-    "rope.base", "rope.layout", "rope.max_position_embeddings", "rope.scaling",
+    "attention.sinks", "attention.window", "attention.layer_types", "rope.base", "rope.layout",
+    "rope.max_position_embeddings", "rope.scaling",
 )  # fmt: skip
 
 # The rope keys of a config.json that are not context-scaling keys.
@@ -84,9 +108,16 @@ def read(directory: str) -> dict:
 
 
 def architecture(hf: dict) -> tuple[str, Architecture]:
-    """(class name, its `Architecture`) of a config.json; HFError if not in the registry."""
+    """(class name, its `Architecture`) of a config.json; HFError if not in the registry
+    or if its MLP is a mixture of experts (rope_jax's decoder has one dense MLP a layer)."""
     names = hf.get("architectures") or []
     name = names[0] if isinstance(names, list) and len(names) == 1 else names
+    experts = {k: hf[k] for k in _EXPERT_KEYS if isinstance(hf.get(k), int) and hf[k] > 1}
+    if experts or name in _MOE_ONLY:
+        key, count = next(iter(experts.items()), ("num_local_experts", hf.get("num_local_experts")))
+        raise HFError(f"config.json architectures={names!r} {key}={count!r}: a mixture-of-experts "
+                      "MLP (router and experts) is not supported: rope_jax's decoder has one "
+                      "dense SwiGLU MLP per layer")  # fmt: skip
     if name not in ARCHITECTURES:
         raise HFError(f"config.json architectures={names!r} is not supported; supported: "
                       f"{', '.join(ARCHITECTURES)}")  # fmt: skip
@@ -103,6 +134,8 @@ def model_fields(hf: dict) -> dict:
     embed = _int(hf, "hidden_size")
     head_dim = _int(hf, "head_dim") if hf.get("head_dim") else embed // heads
     base, scaling = rope_parameters(hf, name, head_dim)
+    _check_multipliers(hf, name, head_dim, base)
+    window, types = layer_types(hf, name, arch)
     return {
         "vocab_size": _int(hf, "vocab_size"),
         "num_layers": _int(hf, "num_hidden_layers"),
@@ -115,6 +148,9 @@ def model_fields(hf: dict) -> dict:
         "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
         "attention.qkv_bias": arch.qkv_bias,
         "attention.qk_norm": arch.qk_norm,
+        "attention.sinks": arch.sinks,
+        "attention.window": window,
+        "attention.layer_types": types,
         "rope.base": base,
         "rope.layout": "half",
         "rope.max_position_embeddings": hf.get("max_position_embeddings"),
@@ -139,11 +175,72 @@ def _refuse_features(hf: dict, name: str) -> None:
                       "rope_jax's attention has no output bias")  # fmt: skip
     if hf.get("mlp_bias"):
         raise HFError("config.json mlp_bias=true: rope_jax's MLP has no biases")
-    types = set(hf.get("layer_types") or ["full_attention"])
-    if types != {"full_attention"} or hf.get("use_sliding_window"):
-        raise HFError(f"config.json layer_types={sorted(types)!r} / use_sliding_window="
-                      f"{hf.get('use_sliding_window')!r}: sliding-window attention is not "
-                      "supported (every layer must be full_attention)")  # fmt: skip
+
+
+def layer_types(hf: dict, name: str, arch: Architecture) -> tuple[int, tuple[str, ...]]:
+    """(`attention.window` W or 0, `attention.layer_types`) of a config.json: () when every
+    layer is full (W = 0) or every layer slides (W > 0, Mistral); one line for a layer
+    type or window rope_jax's layers cannot run."""
+    num_layers = _int(hf, "num_hidden_layers")
+    window = hf.get("sliding_window")
+    given = hf.get("layer_types")
+    if arch.windows == "none":  # Llama, Qwen2/3: every layer full
+        types = list(given or ["full_attention"])
+        if set(types) != {"full_attention"} or hf.get("use_sliding_window"):
+            raise HFError(f"config.json layer_types={sorted(set(types))!r} / use_sliding_window="
+                          f"{hf.get('use_sliding_window')!r}: {name}'s sliding-window layers are "
+                          "not supported (every layer must be full_attention; Mistral and "
+                          "GraniteSWA checkpoints slide)")  # fmt: skip
+        return 0, ()
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                               or window < 1):  # fmt: skip
+        raise HFError(f"config.json sliding_window={window!r} must be a positive integer or null")
+    if arch.windows == "every":  # Mistral: sliding_window decides, layer_types is ignored
+        types = ["sliding_attention" if window else "full_attention"] * num_layers
+        if given is not None and list(given) != types:
+            raise HFError(f"config.json layer_types={given!r}: {name} slides every layer when "
+                          f"sliding_window={window!r} is set and ignores layer_types "
+                          "(MinistralForCausalLM mixes them; not supported)")  # fmt: skip
+    else:
+        kind, every = arch.default_types
+        other = "sliding_attention" if kind == "full_attention" else "full_attention"
+        types = given if given is not None else [
+            kind if i % every == 0 else other for i in range(num_layers)]  # fmt: skip
+    if not isinstance(types, list) or len(types) != num_layers:
+        raise HFError(f"config.json layer_types={types!r} must list one type per layer "
+                      f"(num_hidden_layers={num_layers})")  # fmt: skip
+    bad = [(i, t) for i, t in enumerate(types) if t not in LAYER_TYPES]
+    if bad:
+        raise HFError(f"config.json layer_types[{bad[0][0]}]={bad[0][1]!r} is not supported: "
+                      f"rope_jax's layers are {' or '.join(LAYER_TYPES)}")  # fmt: skip
+    ours = tuple(LAYER_TYPES[t] for t in types)
+    if "sliding" not in ours:
+        return 0, ()
+    if window is None:
+        raise HFError("config.json sliding_window=None: layer_types has sliding_attention "
+                      "layers, which need the window")  # fmt: skip
+    return window, (() if set(ours) == {"sliding"} else ours)
+
+
+def _check_multipliers(hf: dict, name: str, head_dim: int, base: float) -> None:
+    """GraniteSWA's multipliers must be Llama's (rope_jax's block has none), and its
+    per-layer bases (`layer_rope_theta`, 0 = NoPE) one base."""
+    if name != "GraniteSWAForCausalLM":
+        return
+    fixed = {"embedding_multiplier": 1.0, "residual_multiplier": 1.0, "logits_scaling": 1.0,
+             "attention_multiplier": head_dim**-0.5}  # fmt: skip
+    for key, want in fixed.items():
+        value = hf.get(key, 1.0)
+        if not isinstance(value, (int, float)) or abs(value - want) > 1e-6 * want:
+            scale = " (head_dim ** -0.5)" if key == "attention_multiplier" else ""
+            raise HFError(f"config.json {key}={value!r} is not supported: rope_jax's decoder "
+                          f"has {key}={want:.6g}{scale} fixed")  # fmt: skip
+    thetas = hf.get("layer_rope_theta")
+    if thetas is not None and (not isinstance(thetas, list) or set(thetas) != {base}):
+        raise HFError(
+            f"config.json layer_rope_theta={thetas!r}: per-layer bases and NoPE "
+            f"layers (0) are not supported; every layer must use rope_theta={base:g}"
+        )
 
 
 def rope_parameters(hf: dict, name: str, head_dim: int) -> tuple[float, dict]:
@@ -228,10 +325,13 @@ def check_exportable(model_cfg, *, num_axes: int = 1) -> None:
          "NoPE layers have no HF class"),
         ("model.rope.global_every", rope.global_every, not rope.global_every,
          "local/global bases per layer have no Llama/Qwen class"),
-        ("model.attention.sinks", m.attention.sinks, not m.attention.sinks,
-         "attention sinks have no Llama/Qwen class"),
-        ("model.attention.window", m.attention.window, not m.attention.window,
-         "sliding-window layers have no Llama/Qwen class"),
+        ("model.attention.sinks", m.attention.sinks,
+         not (m.attention.sinks and (m.attention.qkv_bias or m.attention.qk_norm)),
+         "GraniteSWA, the HF class with sinks, has no q/k/v biases or q/k norms"),
+        ("model.attention.window", m.attention.window,
+         not (m.attention.window and (m.attention.qkv_bias or m.attention.qk_norm)),
+         "Mistral and GraniteSWA, the HF classes with sliding windows, have no q/k/v biases "
+         "or q/k norms"),
         ("model.rope.ladder", rope.ladder, rope.ladder == "standard",
          "transformers' ladder is base ** (-2i / H)"),
         ("data (position axes)", num_axes, num_axes == 1,
@@ -251,13 +351,28 @@ def check_exportable(model_cfg, *, num_axes: int = 1) -> None:
 
 
 def export_architecture(model_cfg) -> str:
-    """The HF class a model exports as: Qwen3 with q/k norms, Qwen2 with q/k/v biases,
-    else Llama."""
+    """The HF class a model exports as: GraniteSWA with sinks or sliding and full layers
+    mixed, Mistral with every layer sliding, Qwen3 with q/k norms, Qwen2 with q/k/v
+    biases, else Llama."""
+    if model_cfg.attention.sinks or len(set(_layer_types(model_cfg))) > 1:
+        return "GraniteSWAForCausalLM"
+    if model_cfg.attention.window:
+        return "MistralForCausalLM"
     if model_cfg.attention.qk_norm:
         return "Qwen3ForCausalLM"
     if model_cfg.attention.qkv_bias:
         return "Qwen2ForCausalLM"
     return "LlamaForCausalLM"
+
+
+def _layer_types(model_cfg) -> tuple[str, ...]:
+    """HF's `layer_types` of a model (`model.attention.layer_types`, () spelled out)."""
+    attention = model_cfg.attention
+    types = tuple(attention.layer_types) or ("sliding" if attention.window else "full",) * (
+        model_cfg.num_layers
+    )
+    hf_names = {ours: hf for hf, ours in LAYER_TYPES.items()}
+    return tuple(hf_names[t] for t in types)
 
 
 def to_hf(model_cfg, *, max_position_embeddings: int, dtype: str, special_ids=None) -> dict:
@@ -295,9 +410,19 @@ def to_hf(model_cfg, *, max_position_embeddings: int, dtype: str, special_ids=No
         "dtype": dtype,
         **(special_ids or {}),
     }
-    if name == "LlamaForCausalLM":
+    window = model_cfg.attention.window or None
+    if name in ("LlamaForCausalLM", "GraniteSWAForCausalLM"):
         hf["mlp_bias"] = False
-    else:
+    if name == "MistralForCausalLM":
+        hf["sliding_window"] = window
+    elif name == "GraniteSWAForCausalLM":  # its multipliers at Llama's values
+        hf.update(sliding_window=window, layer_types=list(_layer_types(model_cfg)),
+                  layer_rope_theta=[float(rope.base)] * model_cfg.num_layers,
+                  attention_multiplier=model_cfg.head_dim**-0.5, embedding_multiplier=1.0,
+                  residual_multiplier=1.0, logits_scaling=1.0)  # fmt: skip
+        for key in ("bos_token_id", "eos_token_id"):  # its defaults name ids past a small V
+            hf.setdefault(key, None)
+    elif name != "LlamaForCausalLM":
         hf["use_sliding_window"] = False
         hf["layer_types"] = ["full_attention"] * model_cfg.num_layers
     return hf

@@ -9,7 +9,8 @@
 is one, tokenizer.json (`rope_jax.data.tokenizers`); parameters keep the checkpoint's
 dtype (bfloat16 stays bfloat16) unless `param_dtype` is given. `save` writes
 config.json, model.safetensors and tokenizer.json that `transformers`
-`AutoModelForCausalLM.from_pretrained` loads as the same model.
+`AutoModelForCausalLM.from_pretrained` loads as the same model (a byte-level run's
+tokenizer.json: `ByteTokenizer.to_hf`, the same 259 ids).
 """
 
 from __future__ import annotations
@@ -119,7 +120,8 @@ def rotated_dims(model_cfg) -> int:
 
 def save(directory: str, params, model_cfg, *, max_position_embeddings: int, tokenizer=None,
          num_axes: int = 1) -> list[str]:  # fmt: skip
-    """Writes model.safetensors, (an HF tokenizer given) tokenizer.json, then config.json:
+    """Writes model.safetensors, (a tokenizer given: an HF one, or bytes as
+    `ByteTokenizer.to_hf`) tokenizer.json, then config.json:
     written last, it marks a complete model (removed first when a model is replaced).
 
     `params`: a Decoder or its parameter state; `max_position_embeddings`: L of the
@@ -151,6 +153,8 @@ def save(directory: str, params, model_cfg, *, max_position_embeddings: int, tok
         with contextlib.suppress(FileNotFoundError):
             os.remove(stale)
     files = [weights.write(directory, arrays), config_path]
+    if tokenizer is not None and tokenizer.kind == "bytes":  # the same ids, as tokenizer.json
+        tokenizer = tokenizer.to_hf()
     if tokenizer is not None and tokenizer.kind == "hf":
         workdir.write_atomic(tokenizer_path, tokenizer.to_str())
         files.append(tokenizer_path)

@@ -18,6 +18,7 @@ Names (rope_jax parameter path -> HF tensor, in block i -> `model.layers.<i>.`):
   attn.o_proj         self_attn.o_proj.weight        [D, N*H]    ours [N, H, D]
   attn.q_bias, ...    self_attn.q_proj.bias, ...     [N*H]       same (Qwen2)
   attn.q_norm.scale   self_attn.q_norm.weight        [H]         same (Qwen3)
+  attn.sinks          self_attn.sinks                [N]         same (GraniteSWA, gpt-oss)
   mlp.gate, up, down  mlp.gate_proj.weight, ...      [F, D]      transposed
 
 Only data moves (transposes and reshapes), so a checkpoint read and written again is
@@ -93,11 +94,14 @@ BLOCK_NAMES = {
     "attn.v_bias": ("self_attn.v_proj.bias", "same"),
     "attn.q_norm.scale": ("self_attn.q_norm.weight", "same"),
     "attn.k_norm.scale": ("self_attn.k_norm.weight", "same"),
+    "attn.sinks": ("self_attn.sinks", "same"),
     "mlp.gate": ("mlp.gate_proj.weight", "transposed"),
     "mlp.up": ("mlp.up_proj.weight", "transposed"),
     "mlp.down": ("mlp.down_proj.weight", "transposed"),
 }
 _BLOCK = re.compile(r"blocks\.(\d+)\.(.+)")
+# Tensors of a mixture-of-experts MLP (gpt-oss, Mixtral, Qwen-MoE, DeepSeek): named as such
+_EXPERTS = re.compile(r".*\.(mlp\.(router|experts|gate|shared_experts?)|block_sparse_moe)\..*")
 # Parameters whose head dim follows the rotation pairs (permuted for `interleaved`).
 _ROTATED = ("attn.q_proj", "attn.k_proj", "attn.q_bias", "attn.k_bias", "attn.q_norm.scale",
             "attn.k_norm.scale")  # fmt: skip
@@ -167,6 +171,11 @@ def read(directory: str, shapes: dict[str, tuple], *, tied: bool = False) -> tup
     wanted = {hf_name(name)[0]: name for name in shapes}
     extra = [n for n in files if n not in wanted and not _IGNORED.fullmatch(n)
              and not (tied and n == "lm_head.weight")]  # fmt: skip
+    moe = [n for n in extra if _EXPERTS.fullmatch(n)]
+    if moe:
+        raise HFError(f"{directory}: tensor {moe[0]} belongs to a mixture-of-experts MLP (router "
+                      "and experts), which is not supported: rope_jax's decoder has one dense "
+                      "SwiGLU MLP per layer")  # fmt: skip
     if extra:
         raise HFError(f"{directory}: tensor {extra[0]} has no place in the model that "
                       "config.json describes (an unsupported feature?)")  # fmt: skip
