@@ -688,6 +688,27 @@ def test_eval_py_imports_evaluates_and_decodes_an_hf_model(data_dir, tmp_path):
     assert out.splitlines()[-1] == "ROMEO:" + tok.decode(new)
 
 
+@pytest.mark.slow
+def test_eval_py_decodes_a_sliding_window_model_as_transformers(data_dir, tmp_path):
+    """`eval.py --hf --generate` of the Mistral fixture (W = 8, its byte-level
+    tokenizer.json) prints transformers' greedy continuation of "ROMEO:", 20 tokens on."""
+    from rope_jax.data import tokenizers
+
+    want = np.load(os.path.join(fixture("mistral"), "greedy.npy"))[0].tolist()
+    assert bytes(want[:GREEDY_PROMPT]) == b"ROMEO:"
+    new = want[GREEDY_PROMPT:]
+    new = new[: new.index(258)] if 258 in new else new  # the run's EOS ends the text
+    code, out, err = run_cli(
+        "eval.py", f"--hf={fixture('mistral')}", f"--workdir={tmp_path / 'm'}",
+        "--config=configs/lm.py", f"--config.data.data_dir={data_dir}",
+        "--config.data.seq_len=32", "--generate", "--prompt=ROMEO:",
+        f"--max_new_tokens={len(want) - GREEDY_PROMPT}",
+    )  # fmt: skip
+    assert code == 0, err[-2000:]
+    text = "ROMEO:" + tokenizers.ByteTokenizer().decode(new)
+    assert len(new) > 8 and text.replace("\r\n", "\n").replace("\r", "\n") in out
+
+
 def test_set_fields_replaces_the_whole_scaling_section():
     cfg = common.base_config("tiny").model
     cfg.rope.scaling.rope_type, cfg.rope.scaling.factor = "yarn", 4.0
