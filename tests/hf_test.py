@@ -709,6 +709,21 @@ def test_eval_py_decodes_a_sliding_window_model_as_transformers(data_dir, tmp_pa
     assert len(new) > 8 and text.replace("\r\n", "\n").replace("\r", "\n") in out
 
 
+def test_a_window_not_below_the_runs_length_is_named_before_anything_is_written(tmp_path):
+    """A run's window must be below data.seq_len (the decoder's rule): for an imported
+    checkpoint the line says to raise the length, not to drop the window."""
+    from rope_jax.hf import run as hf_run
+
+    config = lm.get_config()
+    config.data.seq_len = 8
+    with pytest.raises(hf.HFError, match=r"sliding_window=8 is not below data\.seq_len=8, .* "
+                       r"--config\.data\.seq_len above 8 "):  # fmt: skip
+        hf_run.import_run(fixture("mistral"), str(tmp_path / "m"), config)
+    assert not os.path.exists(tmp_path / "m")
+    config.data.seq_len = 9
+    assert convert.adopt(config, fixture("mistral")).model.attention.window == 8
+
+
 def test_set_fields_replaces_the_whole_scaling_section():
     cfg = common.base_config("tiny").model
     cfg.rope.scaling.rope_type, cfg.rope.scaling.factor = "yarn", 4.0

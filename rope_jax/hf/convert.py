@@ -70,12 +70,20 @@ def adopt(config, directory: str, *, param_dtype: str | None = None):
     (`hf.config.ARCH_FIELDS`: shapes, norm epsilon, tied embeddings, biases, q/k norms,
     rope base, scaling rule, L), with `param_dtype` replacing model.param_dtype when
     given, and DIR's tokenizer.json as `data.tokenizer` when that is "" (the model's
-    ids). The run keeps its other model choices (sites, dtypes, attention kernel, ...)."""
+    ids). The run keeps its other model choices (sites, dtypes, attention kernel, ...).
+    HFError when DIR's sliding window is not below the run's `data.seq_len`."""
     fields = hf_config.model_fields(hf_config.read(directory))
     config = defaults.fill(config)  # a full, mutable copy
     hf_config.set_fields(config.model, fields)
     if param_dtype is not None:
         config.model.param_dtype = param_dtype
+    window, seq_len = config.model.attention.window, config.data.get("seq_len")
+    if window and isinstance(seq_len, int) and window >= seq_len:  # the decoder's rule, for DIR
+        raise hf_config.HFError(
+            f"{directory}: sliding_window={window} is not below data.seq_len={seq_len}, and a "
+            f"run's window must be: pass --config.data.seq_len above {window} (hf.load takes "
+            "the model at any length)"
+        )
     tokenizer = os.path.abspath(os.path.join(directory, TOKENIZER_FILE))
     if not config.data.tokenizer and os.path.isfile(tokenizer):
         config.data.tokenizer = tokenizer
