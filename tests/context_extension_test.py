@@ -62,6 +62,9 @@ def test_plan_lists_each_base_evaluation_and_fine_tune(tmp_path):
         (["--rows=qk,vo,qk"], "--rows lists qk twice"),
         (["--rules=yarn,yarn"], "--rules lists yarn twice"),
         (["--finetune_lr=0"], r"fine-tuned under .*: optim.lr=0.0 must be > 0"),  # after the base
+        (["--tasks=niah_singel_1"], "--tasks: unknown evaluation task 'niah_singel_1'"),
+        (["--tasks=vt", "--passkey=4", "--examples=5"], "one count of examples"),
+        (["--tasks=vt", "--passkey=0"], "--tasks: vt: length 72 is too short"),
     ],
 )
 def test_bad_requests_fail_before_anything_runs(tmp_path, extra, message):
@@ -147,3 +150,36 @@ def test_a_real_experiment_trains_fine_tunes_evaluates_and_resumes(tmp_path):
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.count("done, skipped") == 4
     assert os.path.getmtime(base / "checkpoints" / "4") == stamp
+
+
+@pytest.mark.slow
+def test_ruler_tasks_are_scored_at_every_length(tmp_path):
+    """--tasks: RULER's tasks beside the loss in every cell, at every length."""
+    out = tmp_path / "ctx"
+    sets = TINY.replace("data.seq_len=72", "data.seq_len=256") + (
+        ",data.task_template=short,eval.answer_tokens=12"
+    )
+    cmd = [sys.executable, "-m", "rope_jax.experiments.context_extension",
+           f"--workdir={tmp_path / 'runs'}", f"--out={out}", "--rows=qk", "--rules=none",
+           "--finetune_steps=1", "--passkey=0", "--num_batches=1", f"--set={sets}",
+           "--tasks=niah_single_1", "--examples=2"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "ctx.json").read_text())
+    for cell in result["cells"]:
+        scores = cell["niah_single_1"]
+        assert set(scores) == {"256", "512", "1024", "2048"}
+        assert all(0 <= v[0] <= 1 for v in scores.values())
+    assert "RULER's `niah_single_1`" in (tmp_path / "ctx.md").read_text()
+
+
+def test_a_task_added_to_a_finished_experiment_evaluates_its_runs_again(tmp_path):
+    case = ce.Case("qk", 0, "none", False, str(tmp_path), (), 4, None, "none")
+    meta = {"lengths": [8, 16], "tasks": []}
+    entry = {"loss": 1.0, "tokens": 8}
+    (tmp_path / "eval_4_none.json").write_text(json.dumps({"8": entry, "16": entry}))
+    assert ce._done(case, meta)
+    assert not ce._done(case, {**meta, "tasks": ["vt"]})
+    both = {"8": {**entry, "vt": 0.5}, "16": {**entry, "vt": 0.0}}
+    (tmp_path / "eval_4_none.json").write_text(json.dumps(both))
+    assert ce._done(case, {**meta, "tasks": ["vt"]})

@@ -17,9 +17,11 @@ Per (row, seed), in <workdir>/<row>/seed_<k>/:
   finetune_<rule>/  train.py at 4T from base (`train.init_from`) for --finetune_steps
                  under the rule (max_position_embeddings = T), then eval_<step>.json.
 Every evaluation scores --num_batches batches of the validation split at each length
-and --passkey examples of passkey retrieval (`data.passkey`). Training runs in
-subprocesses (resumable, killable); a finished stage is skipped, so the same command
-continues an interrupted experiment. Writes <out>.json (every number), <out>.md (the
+and --passkey examples of passkey retrieval (`data.passkey`), and with --tasks (RULER's
+tasks, `harness.evals`: e.g. niah_single_1,vt, answered by greedy decoding) --examples
+examples of each; train them with `--set data.synthetic_tasks=...` (docs/evaluation.md).
+Training runs in subprocesses (resumable, killable); a finished stage is skipped, so the
+same command continues an interrupted experiment. Writes <out>.json (every number), <out>.md (the
 table, the command, and verdicts on the published claims) and <out>.png.
 """
 
@@ -34,6 +36,8 @@ import os
 import shlex
 import sys
 import time
+
+import numpy as np
 
 from rope_jax import signals
 from rope_jax.experiments import launch, plan, report
@@ -118,6 +122,9 @@ def parse_args(argv) -> argparse.Namespace:
                    help="data.passkey_weight of every run (unless --set sets it)")  # fmt: skip
     p.add_argument("--passkey", type=int, default=100, help="passkey examples per length")
     p.add_argument("--num_batches", type=int, default=8, help="eval batches per length")
+    p.add_argument("--tasks", default="", help="RULER tasks scored at every length, e.g. "
+                   "niah_single_1,vt ('ruler': all)")  # fmt: skip
+    p.add_argument("--examples", type=int, default=50, help="examples per length of --tasks")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     return p.parse_args(argv)
 
@@ -147,11 +154,14 @@ def make_plan(args) -> tuple[list[Case], dict]:
     lengths = [t * m for m in MULTIPLES]
     if args.passkey:
         passkey.check_length(t)
+    tasks = _tasks(args)
     config_arg = os.path.abspath(path) + (f":{arg}" if arg else "")
     cases = []
     for row in rows:
         overrides = {**sets, **ROWS[row]}
         config = _check(base, ROWS[row], f"row {row}")
+        if tasks and row == rows[0]:  # the tasks fit every length, before anything trains
+            _check_tasks(config, tasks, lengths)
         for seed in range(args.seeds):
             root = os.path.abspath(os.path.join(args.workdir, row, f"seed_{seed}"))
             head = (f"--config={config_arg}", f"--config.seed={seed}")
@@ -172,11 +182,50 @@ def make_plan(args) -> tuple[list[Case], dict]:
             "rules": rules, "seeds": args.seeds, "factor": args.factor,
             "finetune_len": FINETUNE_MULTIPLE * t, "finetune_steps": args.finetune_steps,
             "finetune_lr": args.finetune_lr, "passkey_examples": args.passkey,
-            "num_batches": args.num_batches,
+            "num_batches": args.num_batches, "tasks": tasks, "examples": args.examples,
             "sets": {k: plan.flag_value(v) for k, v in sets.items()},
             "settings": {k: v for k, v in plan.leaves(base).items()
                          if k in plan.SETTINGS}}  # fmt: skip
     return cases, meta
+
+
+def _tasks(args) -> list[str]:
+    """--tasks as registered task names (the loss and passkey have flags of their own)."""
+    from rope_jax.harness import evals  # imports jax
+
+    if not args.tasks:
+        return []
+    if args.examples < 1:
+        raise plan.SweepError(f"--examples={args.examples} must be >= 1")
+    if args.passkey and args.passkey != args.examples:
+        raise plan.SweepError(f"--passkey={args.passkey} and --examples={args.examples}: "
+                              "one count of examples serves both, give the same")  # fmt: skip
+    try:
+        names = evals.parse(args.tasks)
+    except ValueError as e:
+        raise plan.SweepError(f"--tasks: {e}") from None
+    return [n for n in names if n not in ("loss", "passkey")]
+
+
+def _check_tasks(config, tasks, lengths) -> None:
+    """RULER's tasks fit every length in the run's wording and tokenizer (byte-level text:
+    a prepared corpus's tokenizer exists once it is prepared, and is checked when the
+    first evaluation starts), before anything trains."""
+    from rope_jax import data, ruler
+
+    kind = data.kind(config.data)
+    if kind.name != "text":
+        return
+    tokenizer = kind.tokenizer()
+    filler = np.asarray(tokenizer.encode(ruler.templates.NOISE * (max(lengths) // 16 + 1)))
+    budget = int(config.eval.answer_tokens) or None
+    try:
+        for task in tasks:
+            for n in lengths:
+                ruler.check(task, length=n, tokenizer=tokenizer, haystack=filler,
+                            max_new_tokens=budget, template=config.data.task_template)  # fmt: skip
+    except ValueError as e:
+        raise plan.SweepError(f"--tasks: {e}") from None
 
 
 def _flags(overrides: dict) -> tuple:
@@ -230,7 +279,7 @@ def run_all(cases: list[Case], meta: dict, workdir: str) -> None:
         _evaluate(case, meta)
         seconds = time.time() - start
         eta.add(seconds, case.final_step - before)
-        rec = _record(case)
+        rec = _record(case, meta.get("tasks", ()))
         print(f"    {_summary(rec)}  ({seconds:.0f}s)", flush=True)
 
 
@@ -244,7 +293,13 @@ def _label(case: Case) -> str:
 
 
 def _done(case: Case, meta: dict) -> bool:
-    return report.evaluated(case.eval_path, meta["lengths"])
+    """Evaluated at every length, with every task asked for (tasks added to an experiment
+    evaluate its finished runs again)."""
+    if not report.evaluated(case.eval_path, meta["lengths"]):
+        return False
+    with open(case.eval_path) as f:
+        saved = json.load(f)
+    return all(t in saved[str(n)] for t in meta.get("tasks", ()) for n in meta["lengths"])
 
 
 def _evaluate(case: Case, meta: dict) -> None:
@@ -252,37 +307,42 @@ def _evaluate(case: Case, meta: dict) -> None:
 
     log = os.path.join(case.workdir, "eval.log")
     with open(log, "a") as f, contextlib.redirect_stdout(f):
-        keys = meta["passkey_examples"]
+        keys, tasks = meta["passkey_examples"], meta.get("tasks", [])
         evaluate_checkpoint(case.workdir, step=case.final_step, seq_lens=meta["lengths"],
                             num_batches=meta["num_batches"], tag=case.tag, overwrite=True,
-                            rope_scaling=case.scaling, examples=keys or None,
-                            tasks=("loss", "passkey") if keys else ("loss",))  # fmt: skip
+                            rope_scaling=case.scaling, examples=keys or meta.get("examples"),
+                            tasks=("loss", *(["passkey"] if keys else []), *tasks))  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ results
 
 
-def _record(case: Case) -> dict:
+def _record(case: Case, tasks=()) -> dict:
     with open(case.eval_path) as f:
         saved = json.load(f)
     lengths = sorted(int(k) for k in saved if k.isdigit())
     pick = lambda key: {n: saved[str(n)][key] for n in lengths if key in saved[str(n)]}  # noqa: E731
     return {"loss": pick("loss"), "digits": pick("passkey_digit_accuracy"),
-            "passkey": pick("passkey_accuracy")}  # fmt: skip
+            "passkey": pick("passkey_accuracy"), **{t: pick(t) for t in tasks}}  # fmt: skip
+
+
+def metrics_of(result: dict) -> tuple[str, ...]:
+    """The metrics of an experiment: METRICS, then its RULER tasks' scores."""
+    return (*METRICS, *result.get("tasks", ()))
 
 
 def collect(cases: list[Case], meta: dict) -> dict:
     """Every case's numbers, and per (row, rule, fine-tuned) mean and std over seeds."""
     runs, groups = [], {}
     for case in cases:
-        rec = _record(case)
+        rec = _record(case, meta.get("tasks", ()))
         runs.append({"row": case.row, "seed": case.seed, "rule": case.rule,
                      "finetuned": case.finetuned, **rec})  # fmt: skip
         groups.setdefault((case.row, case.rule, case.finetuned), []).append(rec)
     cells = []
     for (row, rule, finetuned), recs in groups.items():
         cell = {"row": row, "rule": rule, "finetuned": finetuned, "seeds": len(recs)}
-        for metric in METRICS:
+        for metric in metrics_of(meta):
             per_length = {n: [r[metric][n] for r in recs if n in r[metric]]
                           for n in meta["lengths"]}  # fmt: skip
             cell[metric] = {str(n): _mean_std(v) for n, v in per_length.items() if v}
@@ -332,6 +392,10 @@ def render_markdown(result: dict, command: str = "") -> str:
     lines += _table(result, ("loss", "digits"), ("loss", "passkey digits"))
     lines += ["", "Whole keys retrieved (exact match):", ""]
     lines += _table(result, ("passkey",), ("passkey",))
+    for task in result.get("tasks", ()):
+        lines += ["", f"RULER's `{task}` ({result['examples']} examples per length, greedy "
+                  "answers, string_match_all):", ""]  # fmt: skip
+        lines += _table(result, (task,), (task,))
     lines += ["", "## The published claims at this scale", ""]
     lines += [f"- {v}" for v in verdicts(result)]
     return "\n".join(lines) + "\n"
