@@ -242,7 +242,9 @@ def test_an_exported_byte_level_run_carries_its_tokenizer(tmp_path):
     assert runfiles.load_tokenizer(str(tmp_path)).kind == "bytes"  # a run without a tokenizer/
     model, cfg = random_model(vocab_size=259)
     files = hf.save(str(tmp_path / "out"), model, cfg, max_position_embeddings=64, tokenizer=ours)
-    assert "tokenizer.json" in map(os.path.basename, files)
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(map(os.path.basename, files))
+    assert json.load(open(tmp_path / "out" / "tokenizer_config.json")) == {
+        "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}  # fmt: skip
     cfg_json = json.load(open(tmp_path / "out" / "config.json"))
     assert [cfg_json[f"{k}_token_id"] for k in ("pad", "bos", "eos")] == [256, 257, 258]
     tok = hf_tokenizers.Tokenizer.from_file(str(tmp_path / "out" / "tokenizer.json"))
@@ -273,6 +275,10 @@ def test_import_export_import_is_bit_exact(name, tmp_path):
     assert all(np.array_equal(first[k].view(np.uint8), second[k].view(np.uint8)) for k in first)
     assert cfg2.to_dict() == cfg.to_dict()
     assert os.path.isfile(os.path.join(out, "tokenizer.json")) == (tok is not None)
+    if tok is not None:  # transformers' tokenizer learns the specials' names from it
+        specials = json.load(open(os.path.join(out, "tokenizer_config.json")))
+        assert {k: tok.tok.token_to_id(v) for k, v in specials.items()} == {
+            "bos_token": tok.bos_id, "eos_token": tok.eos_id, "pad_token": tok.pad_id}  # fmt: skip
     for file in os.listdir(out):  # readable by other users (safetensors alone writes 0600)
         assert os.stat(os.path.join(out, file)).st_mode & 0o777 == 0o644, file
 

@@ -4,7 +4,8 @@ r"""Hugging Face checkpoints from the command line (docs/hf.md).
   python -m rope_jax.hf import --hf=path/to/model --workdir=runs/m [--config=configs/lm.py]
 
 export: checkpoint --step (default the newest) of the run in --workdir as config.json,
-model.safetensors and tokenizer.json (a byte-level run's: the same 259 ids), which
+model.safetensors, tokenizer.json (a byte-level run's: the same 259 ids) and
+tokenizer_config.json (its special tokens by name), which
 `transformers.AutoModelForCausalLM.from_pretrained` loads (LlamaForCausalLM; Qwen2 /
 Qwen3 for q/k/v biases / q/k norms; Mistral for sliding windows on every layer,
 GraniteSWA for sinks or sliding and full layers mixed). A run HF's classes cannot

@@ -32,6 +32,8 @@ from rope_jax.hf import weights
 from rope_jax.nn import model as model_lib
 
 TOKENIZER_FILE = tokenizers.HF_FILE  # tokenizer.json
+# The special tokens by name, so transformers' tokenizer knows them (eos, pad, bos)
+TOKENIZER_CONFIG = "tokenizer_config.json"
 
 
 def param_name(path) -> str:
@@ -129,7 +131,8 @@ def rotated_dims(model_cfg) -> int:
 def save(directory: str, params, model_cfg, *, max_position_embeddings: int, tokenizer=None,
          num_axes: int = 1) -> list[str]:  # fmt: skip
     """Writes model.safetensors, (a tokenizer given: an HF one, or bytes as
-    `ByteTokenizer.to_hf`) tokenizer.json, then config.json:
+    `ByteTokenizer.to_hf`) tokenizer.json and tokenizer_config.json (its bos/eos/pad
+    tokens by name), then config.json:
     written last, it marks a complete model (removed first when a model is replaced).
 
     `params`: a Decoder or its parameter state; `max_position_embeddings`: L of the
@@ -154,10 +157,11 @@ def save(directory: str, params, model_cfg, *, max_position_embeddings: int, tok
     os.makedirs(directory, exist_ok=True)
     config_path = os.path.join(directory, hf_config.CONFIG_FILE)
     tokenizer_path = os.path.join(directory, TOKENIZER_FILE)
+    specials_path = os.path.join(directory, TOKENIZER_CONFIG)
     # config.json marks a complete model: gone until everything else is written, so an
     # export stopped part way (Ctrl-C, a full disk) is never loaded, and is not refused
     # as a finished model the next time; a replaced model's tokenizer.json goes too
-    for stale in (config_path, tokenizer_path):
+    for stale in (config_path, tokenizer_path, specials_path):
         with contextlib.suppress(FileNotFoundError):
             os.remove(stale)
     files = [weights.write(directory, arrays), config_path]
@@ -165,6 +169,9 @@ def save(directory: str, params, model_cfg, *, max_position_embeddings: int, tok
         tokenizer = tokenizer.to_hf()
     if tokenizer is not None and tokenizer.kind == "hf":
         workdir.write_atomic(tokenizer_path, tokenizer.to_str())
-        files.append(tokenizer_path)
+        names = {f"{k}_token": tokenizer.tok.id_to_token(getattr(tokenizer, f"{k}_id"))
+                 for k in ("bos", "eos", "pad")}  # fmt: skip
+        workdir.write_atomic(specials_path, json.dumps(names, indent=2, sort_keys=True) + "\n")
+        files += [tokenizer_path, specials_path]
     workdir.write_atomic(config_path, json.dumps(hf, indent=2, sort_keys=True) + "\n")
     return files
