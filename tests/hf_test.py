@@ -663,6 +663,36 @@ def test_a_run_trains_from_an_hf_checkpoint_and_exports_back(data_dir, tmp_path)
     np.testing.assert_array_equal(np.asarray(again(tokens)), np.asarray(net(tokens)))
 
 
+@pytest.mark.slow
+def test_a_byte_level_run_exports_a_tokenizer_that_reimports(data_dir, tmp_path):
+    """The default byte-level run (no tokenizer/ in its workdir) trains 2 steps and
+    exports: the directory's tokenizer.json gives the run's byte ids, and the import
+    holds the run's logits."""
+    from rope_jax.data import tokenizers
+    from rope_jax.hf import run as hf_run
+
+    workdir = str(tmp_path / "run")
+    harness.train_and_evaluate(small_run(data_dir, **{"optim.warmup_steps": 1}), workdir)
+    assert runfiles.load_tokenizer(workdir).kind == "bytes"
+    out = str(tmp_path / "hf")
+    hf_run.export_run(workdir, out)
+    model, _, tok = hf.load(out)
+    text = "ROMEO: O, she doth teach the torches to burn bright!\n"
+    assert tok.encode(text) == tokenizers.ByteTokenizer().encode(text)
+    assert (tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id) == (259, 256, 257, 258)
+    saved = runfiles.load_config(workdir)
+    _, trained = checkpoint_params(workdir)
+    net = nnx.merge(harness.build(_no_corpus(saved), vocab_from_data=False).graphdef, trained)
+    ids = np.asarray([tok.encode(text)])
+    np.testing.assert_array_equal(np.asarray(model(ids)), np.asarray(net(ids)))
+
+
+def checkpoint_params(workdir: str):
+    from rope_jax.harness import transfer
+
+    return transfer.source_params(workdir)
+
+
 def _named(tree) -> dict:
     return {checksums.leaf_name(p): x for p, x in jax.tree_util.tree_leaves_with_path(tree)}
 
