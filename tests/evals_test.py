@@ -16,6 +16,7 @@ from rope_jax.harness import checks, evals, metrics, suite
 from rope_jax.harness.evals import generated
 from rope_jax.harness.evaluate import evaluate_checkpoint
 from rope_jax.harness.loop import train_and_evaluate
+from tests import train_test
 
 
 def test_parse_expands_groups_once_and_names_the_nearest_task():
@@ -93,23 +94,10 @@ class Probe:
 
 
 def tiny(data_dir, **overrides):
-    config = lm.get_config("size=tiny")
-    m = config.model
-    m.num_layers, m.embed_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.mlp_dim = (
-        1,
-        32,
-        2,
-        1,
-        16,
-        64,
-    )
-    config.data.data_dir = data_dir
-    config.data.seq_len, config.data.global_batch_size = 32, 8
-    config.train.num_steps, config.train.log_every_steps, config.train.eval_every_steps = 4, 2, 2
-    config.train.ckpt_every_steps = 4
-    config.eval.num_batches, config.eval.batch_size = 1, 8
-    config.update_from_flattened_dict(overrides)
-    return config
+    """train_test's 1-layer model, 4 steps, evaluated at steps 2 and 4."""
+    steps = {"train.num_steps": 4, "train.log_every_steps": 2, "train.eval_every_steps": 2,
+             "train.ckpt_every_steps": 4, "eval.num_batches": 1}  # fmt: skip
+    return train_test.tiny(data_dir, **{**steps, **overrides})
 
 
 @pytest.mark.slow
