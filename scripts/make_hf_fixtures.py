@@ -4,8 +4,9 @@
 
 (NAMEs: only those fixtures, e.g. `mistral granite_swa`; default all.)
 
-Needs torch and transformers (`requirements-bench.txt`); the tests that read the fixtures
-need neither. Each fixture is a tiny random model written by `transformers`'
+Needs torch and transformers (`requirements-bench.txt`: the committed fixtures were made
+with torch 2.13.0 and transformers 5.18.0, which has every class used here, GraniteSWA's
+sinks and sliding layers included); the tests that read the fixtures need neither. Each fixture is a tiny random model written by `transformers`'
 `save_pretrained` (weights drawn large enough that logits are O(1-10), norms and biases
 away from their init, so a wrong mapping shows), with `tokens.npy` [B, T] and the
 logits `transformers` computes for them in float32 (`logits.npy` [B, T, V]):
