@@ -6,9 +6,10 @@
 
 Needs torch and transformers (`requirements-bench.txt`: the committed fixtures were made
 with torch 2.13.0 and transformers 5.18.0, which has every class used here, GraniteSWA's
-sinks and sliding layers included); the tests that read the fixtures need neither. Each fixture is a tiny random model written by `transformers`'
-`save_pretrained` (weights drawn large enough that logits are O(1-10), norms and biases
-away from their init, so a wrong mapping shows), with `tokens.npy` [B, T] and the
+sinks and sliding layers included); the tests that read the fixtures need neither. Each
+fixture is a tiny random model written by `transformers`' `save_pretrained` (weights
+drawn large enough that logits are O(1-10), norms and biases away from their init, so a
+wrong mapping shows), with `tokens.npy` [B, T] and the
 logits `transformers` computes for them in float32 (`logits.npy` [B, T, V]):
 
   llama          LlamaForCausalLM, untied, GQA (N=4, K=2, H=16 != D/N), eps 1e-5, llama3
