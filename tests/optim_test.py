@@ -20,13 +20,20 @@ def _tree(seed=0):
 
 
 @pytest.mark.parametrize("max_norm", [0.1, 1.0, 1e6])  # clipped, clipped, kept
-def test_the_clip_gives_optax_numbers_bit_for_bit_and_its_state(max_norm):
+def test_the_clip_gives_optax_numbers_and_its_state(max_norm):
+    """Bit for bit when nothing is clipped (t * 1 = t); to rounding when clipped (optax
+    divides by the norm and multiplies by max_norm, ours multiplies by their ratio)."""
     tree = _tree()
     ours, ref = optim.clip_by_global_norm(max_norm), optax.clip_by_global_norm(max_norm)
     a, _ = jax.jit(lambda t: ours.update(t, ours.init(t)))(tree)
     b, _ = jax.jit(lambda t: ref.update(t, ref.init(t)))(tree)
+    clipped = float(optax.tree.norm(tree)) >= max_norm
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(y, np.float32))
+        x, y, wide = np.asarray(x, np.float32), np.asarray(y, np.float32), x.dtype == jnp.float32
+        if clipped:
+            np.testing.assert_allclose(x, y, rtol=5e-7 if wide else 1e-2)
+        else:
+            np.testing.assert_array_equal(x, y)
     assert jax.tree.structure(ours.init(tree)) == jax.tree.structure(ref.init(tree))
     nan = {k: v.at[0].set(jnp.nan) for k, v in tree.items()}  # a NaN norm clips to NaN
     assert bool(jnp.isnan(ours.update(nan, ())[0]["w"]).all())
@@ -44,6 +51,51 @@ def test_clipping_adds_no_gradient_sized_temporary():
         report = setup.dry_run(config)
         temps[clip], params = report["temp_bytes_per_device"], report["parameters"]
     assert temps[1.0] - temps[0.0] < 0.05 * 4 * params, temps  # optax.clip_by_global_norm: 0.17
+
+
+def _divided_clip(max_norm):
+    """The clip as it was: each array divided by the norm, then multiplied by max_norm
+    (1 and 1 when nothing is clipped): optax's rounding, and a division, which XLA does
+    not duplicate into Adam's two moments, so the scaled array is a buffer of its own."""
+
+    def update(updates, state, params=None):
+        norm = optim._global_norm(updates)
+        keep = norm < max_norm
+        divisor, factor = jnp.where(keep, 1.0, norm), jnp.where(keep, 1.0, max_norm)
+        return jax.tree.map(lambda t: (t / divisor.astype(t.dtype)) * factor, updates), state
+
+    return optax.GradientTransformation(optax.init_empty_state, update)
+
+
+@pytest.mark.slow  # compiles three train steps of two 1b layers (about a minute)
+def test_the_clip_keeps_no_scaled_copy_of_the_gradients_at_the_1b_width(monkeypatch):
+    """Two layers of the 1b preset as the CPU runs it (bf16, chunked, remat=block, B = 1,
+    T = 128), compiled, not run: the clip's temporaries over no clip's stay under a
+    twentieth of the gradients (all of them alive until the norm is known is what
+    clipping costs), and below the divided clip's, whose scaled arrays XLA materialised
+    (616.6 MiB against 591.1 with this one and 576.1 without clipping, jax 0.10.2)."""
+    from rope_jax import harness
+    from rope_jax.harness import feed
+
+    config = lm.get_config("size=1b")
+    config.model.num_layers, config.model.attention.impl = 2, "chunked"
+    config.model.dtype, config.model.remat = "bfloat16", "block"
+    config.data.seq_len, config.data.global_batch_size = 128, 1
+
+    def temp(clip, max_norm):
+        monkeypatch.setattr(optim, "clip_by_global_norm", clip)
+        config.optim.grad_clip_norm = max_norm
+        run = harness.build(config, vocab_from_data=False)
+        batch = feed.abstract_batch(1, 128, run.batch_sharding, ())
+        grads = sum(x.size * 4 for x in jax.tree.leaves(run.abstract["params"]))
+        compiled = run.train_step.lower(run.abstract, batch).compile()
+        return compiled.memory_analysis().temp_size_in_bytes, grads
+
+    ours, grads = temp(optim.clip_by_global_norm, 1.0)
+    none, _ = temp(optim.clip_by_global_norm, 0.0)
+    divided, _ = temp(_divided_clip, 1.0)
+    assert ours - none < grads / 20, (ours, none, grads)
+    assert divided - ours > 16 * 2**20, (divided, ours)  # more than a 2048 x 2048 array
 
 
 def _train_steps(clip, monkeypatch, steps=3):

@@ -62,25 +62,24 @@ _global_norm = getattr(getattr(optax, "tree", None), "norm", None) or optax.glob
 
 
 def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
-    """`optax.clip_by_global_norm`, the same formula and state, written so that XLA fuses
-    the scaling into the optimiser's update: optax picks each array with a `select` between
-    it and its scaled copy, which XLA:CPU materialises (a second gradient-sized buffer,
-    0.7 GiB at 4 layers of the 1b preset); here each array is divided and multiplied by
-    scalars that are 1 when no clipping is needed (t / 1 * 1 = t, exactly), else by
-    optax's (t / norm) * max_norm.
+    """`optax.clip_by_global_norm`'s clip and state, written so that the clipped gradients
+    are never a buffer of their own: each array is multiplied by one scalar, 1 when no
+    clipping is needed (t * 1 = t, exactly: optax's numbers bit for bit), else
+    max_norm / norm (optax's (t / norm) * max_norm to float rounding, an ulp or so).
 
-    Jitted alone it gives optax's numbers bit for bit (tested). Inside a compiled train
-    step XLA fuses and lays out the step around it differently, so from the second step on
-    a run rounds some values otherwise than the same run with optax's clip (its parameters
-    agree to rounding, tested; some are an ulp or so apart), and training amplifies that
-    like any change of rounding (results/README.md)."""
+    A multiplication by a scalar is cheap, so XLA fuses it into each of its consumers
+    (Adam's first and second moments). optax's form, a `select` between each array and
+    its scaled copy, and a division by the norm (an expensive op, which XLA does not
+    duplicate into two consumers) are both materialised: a second gradient-sized buffer
+    per array while the update runs (XLA:CPU's temp bytes of a train step, tested).
+    What clipping itself costs stays: every gradient is alive until the global norm is
+    known, before the first update."""
 
     def update(updates, state, params=None):
         del params
         norm = _global_norm(updates)
-        keep = norm < max_norm  # as optax: a NaN norm clips (to NaN)
-        divisor, factor = jnp.where(keep, 1.0, norm), jnp.where(keep, 1.0, max_norm)
-        scaled = jax.tree.map(lambda t: (t / divisor.astype(t.dtype)) * factor, updates)
-        return scaled, state
+        # as optax: a NaN norm clips (to NaN); max_norm / norm computed once, in float32
+        scale = jnp.where(norm < max_norm, 1.0, max_norm / norm)
+        return jax.tree.map(lambda t: t * scale.astype(t.dtype), updates), state
 
     return optax.GradientTransformation(optax.init_empty_state, update)
