@@ -16,11 +16,12 @@ memory sampled every 5 ms by a thread:
   eval     one evaluation batch (loss)
   decode   greedy decoding of a few tokens from the restored parameters
 
-and the breakdown of the peak: parameters, gradients (a float32 copy of the
-parameters, alive inside the step), optimiser state, activations (the compiled step's
-temporaries, which hold the gradients too: XLA reports them together), and the rest
-(the runtime, the compiled program, host copies). `--only=plan` compiles the step and
-reports the per-device bytes of each part without running it (for the 8-device mesh).
+and the breakdown of each phase's peak apart (`breakdown`): training's (parameters,
+optimiser state, the compiled step's temporaries, which hold the gradients and the
+activations: XLA reports them together, and the rest: the runtime, the compiled program,
+host copies) and decoding's (the state, the weights cast to bfloat16, and the rest).
+`--only=plan` compiles the step and reports the per-device bytes of each part without
+running it (for the 8-device mesh).
 """
 
 from __future__ import annotations
@@ -202,6 +203,32 @@ def _save_and_restore(args, run, state, timed):
     return restored, digests(restored) == before
 
 
+def breakdown(m: dict) -> list[str]:
+    """Each phase's peak apart: training (state + XLA's step temporaries + the rest of
+    the train phase's peak) and decoding (the restored state + the decode phase's peak
+    over it: the bfloat16 copy of the weights that decoding casts, and what this run's
+    numbers do not explain). A temporary of one phase is never taken from another's peak."""
+    state = m["params"] + m["opt"]
+    train, decode = m["peaks"].get("train"), m["peaks"].get("decode")
+    lines = ["| part | GiB |", "|---|---|",
+             f"| parameters (float32) | {m['params'] / GIB:.2f} |",
+             f"| optimiser state (AdamW moments) | {m['opt'] / GIB:.2f} |"]  # fmt: skip
+    if train:
+        lines += [f"| training: step temporaries (gradients, activations; XLA) | "
+                  f"{m['temp'] / GIB:.2f} |",
+                  f"| training: the rest of its peak (runtime, program, host copies) | "
+                  f"{(train - state - m['temp']) / GIB:.2f} |",
+                  f"| **training peak RSS** | **{train / GIB:.2f}** |"]  # fmt: skip
+    if decode:
+        weights = m["params"] // 2  # the float32 parameters cast to bfloat16
+        lines += [f"| decoding: the weights in bfloat16 | {weights / GIB:.2f} |",
+                  f"| decoding: the rest of its peak over the state (not broken down by "
+                  f"this run: runtime, decoding program, cache, copies) | "
+                  f"{(decode - state - weights) / GIB:.2f} |",
+                  f"| **decoding peak RSS** | **{decode / GIB:.2f}** |"]  # fmt: skip
+    return lines
+
+
 def render(args, m: dict | None, p: dict | None) -> str:
     lines = [f"# The {args.size} preset on a CPU", "",
              f"Command: `python benchmarks/scale_smoke.py {' '.join(sys.argv[1:])}`", "",
@@ -210,22 +237,14 @@ def render(args, m: dict | None, p: dict | None) -> str:
              f"and AdamW state, `chunked` attention, B = {args.batch}, T = {args.seq_len}, "
              "synthetic tokens.", ""]  # fmt: skip
     if m:
-        state = m["params"] + m["opt"]
         lines += ["| phase | seconds | peak RSS GiB |", "|---|---|---|"]
         for name, peak in m["peaks"].items():
             lines.append(f"| {name} | {m['times'].get(name, 0):.1f} | {peak / GIB:.2f} |")
-        peak = max(m["peaks"].values())
-        rest = peak - state - m["temp"]
         losses = ", ".join(f"{x:.3f}" for x in m["losses"])
         lines += ["", f"Step {m['step_s']:.1f} s; losses {losses}; "
                   f"restored state bit-identical: {m['restored_equal']}; eval loss "
-                  f"{m['eval_loss']:.3f}; decoded {len(m['decoded'][0])} tokens.", "",
-                  "| part | GiB |", "|---|---|",
-                  f"| parameters (float32) | {m['params'] / GIB:.2f} |",
-                  f"| optimiser state (AdamW moments) | {m['opt'] / GIB:.2f} |",
-                  f"| step temporaries (gradients, activations; XLA) | {m['temp'] / GIB:.2f} |",
-                  f"| rest (runtime, program, host copies) | {rest / GIB:.2f} |",
-                  f"| **peak RSS** | **{peak / GIB:.2f}** |"]  # fmt: skip
+                  f"{m['eval_loss']:.3f}; decoded {len(m['decoded'][0])} tokens.", ""]  # fmt: skip
+        lines += breakdown(m)
     if p:
         lines += ["", f"Per device on {p['devices']} devices, mesh {tuple(p['mesh'])} "
                   "(compiled, not run):", "", "| part | GiB per device |", "|---|---|",

@@ -315,6 +315,24 @@ def test_scale_smoke_trains_saves_restores_and_decodes_a_preset(tmp_path):
     assert "decoded 8 tokens" in page
 
 
+def test_scale_smoke_breaks_each_phases_peak_down_apart():
+    """The 1b page's numbers: training's rest is its own peak less the state and the step's
+    temporaries (0.82 GiB), never a decoding peak less a training temporary; decoding's
+    peak is the state, the bfloat16 weights and a rest the run does not break down."""
+    scale_smoke = _load("scale_smoke")
+    gib, params = 2**30, 974_206_976 * 4
+    m = {"params": params, "opt": 2 * params, "temp": 4.45 * gib,
+         "peaks": {"init": 16.24 * gib, "train": 16.16 * gib, "decode": 19.44 * gib}}  # fmt: skip
+    rows = dict(line.rsplit(" | ", 1) for line in scale_smoke.breakdown(m)[2:])
+    named = {k.strip("| *"): float(v.strip("| *")) for k, v in rows.items()}
+    assert named["training: the rest of its peak (runtime, program, host copies)"] == 0.82
+    assert named["training peak RSS"] == 16.16 and named["decoding peak RSS"] == 19.44
+    assert named["decoding: the weights in bfloat16"] == 1.81  # 974.2M x 2 bytes
+    rest = next(v for k, v in named.items() if k.startswith("decoding: the rest"))
+    assert rest == pytest.approx(19.44 - 3 * 3.629 - 1.815, abs=0.01)  # 6.74
+    assert not any(k.startswith("rest") for k in named)
+
+
 def test_a_bad_size_or_an_out_that_cannot_be_written_stops_a_benchmark_before_it_measures(
     tmp_path,
 ):
