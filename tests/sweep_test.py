@@ -225,7 +225,7 @@ def test_config_flags_as_train_py_takes_them_are_set_overrides(tmp_path, capsys)
     same one line."""
     base = ["--config=configs/lm.py:size=tiny", f"--workdir={tmp_path}", "--rows=qk,vo"]
     args = sweep.parse_args([*base, "--config.train.num_steps=7", "--set", "optim.lr=0.01"])
-    assert args.set == ["optim.lr=0.01", "train.num_steps=7"]
+    assert args.set == ["train.num_steps=7", "optim.lr=0.01"]
     runs, context = plan.plan(args)
     assert all("--config.train.num_steps=7" in run.flags for run in runs)
     assert context["settings"]["train.num_steps"] == 7 and runs[0].final_step == 7

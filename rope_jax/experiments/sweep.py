@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 from rope_jax import signals
@@ -122,12 +123,10 @@ def parse_args(argv):
                    help="print every run's status (failed runs with their reason and log), "
                         "then exit")  # fmt: skip
     slurm.add_flags(p)
-    args, rest = p.parse_known_args(argv)
-    for arg in rest:  # --config.a.b=v, as train.py takes it: the same as --set a.b=v
-        key, sep, value = arg.partition("=")
-        if not (key.startswith("--config.") and sep):
-            p.error(f"unrecognized arguments: {' '.join(rest)}")
-        args.set.append(f"{key.removeprefix('--config.')}={value}")
+    # --config.a.b=v, as train.py takes it, is --set a.b=v
+    argv = [f"--set={a.removeprefix('--config.')}" if re.match(r"--config\.[^=]+=", a) else a
+            for a in argv]  # fmt: skip
+    args = p.parse_args(argv)
     if args.retries < 0:
         p.error(f"--retries={args.retries} must be >= 0")
     return args
