@@ -152,6 +152,8 @@ def profile(config, *, steps: int, warmup: int = 2):
 def report(size, sets, step_s, rows, top: int, command: str) -> str:
     import jax
 
+    from rope_jax import provenance  # the CPU by its model name (jax calls every CPU "cpu")
+
     shape = bench_shapes.shape(size)
     shape.update({"T": sets.get("data.seq_len", shape["T"]),
                   "B": sets.get("data.global_batch_size", shape["B"])})  # fmt: skip
@@ -162,7 +164,7 @@ def report(size, sets, step_s, rows, top: int, command: str) -> str:
         "",
         f"Command: `{command}`",
         "",
-        f"Device: {jax.devices()[0].device_kind} x{jax.device_count()}, jax {jax.__version__}. "
+        f"Device: {provenance.devices()}, jax {jax.__version__}. "
         f"Overrides: {sets or 'none'}. Step: {1e3 * step_s:.1f} ms (median), "
         f"{bench_shapes.step_flops(shape) / step_s / 1e9:.1f} model GFLOP/s. "
         f"Kernel time summed over threads: {total:.1f} ms per step, "

@@ -350,3 +350,14 @@ def test_a_bad_size_or_an_out_that_cannot_be_written_stops_a_benchmark_before_it
         assert proc.stderr.strip().splitlines()[-1] == f"{script}.py: error: {message}"
     child = _load("bench_child")
     assert child.page_path(str(tmp_path / "new" / "dir" / "page.md"))  # made when written
+
+
+def test_step_profile_page_names_the_cpu():
+    """A CPU profile (bf16 or float32 step times) names its CPU model: jax calls every
+    CPU "cpu", and bf16's speed against float32 differs from one CPU to the next."""
+    from rope_jax import provenance
+
+    rows = [{"ms": 2.0, "kernels": 1, "gflops": 10.0, "op": "dot"}]
+    text = _load("step_profile").report("tiny", {}, 0.1, rows, 5, "cmd")
+    assert f"Device: {provenance.devices()}," in text
+    assert f"({provenance.cpu_name()})" in text
