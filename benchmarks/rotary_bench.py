@@ -23,10 +23,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rope_jax import rotary
+from rope_jax import provenance, rotary
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_child
 import bench_child  # noqa: E402
+
+
+def _kind(device) -> str:
+    """The device's kind; a CPU by its model name (jax calls every CPU "cpu")."""
+    return provenance.cpu_name() if device.platform == "cpu" else device.device_kind
 
 
 def textbook_rotate(x, positions, cos_table, sin_table):
@@ -109,7 +114,7 @@ def main(argv=None):
             "",
             f"x [B, T, N, H] = {list(shape)}, positions [B, T] int32; median of "
             f"{args.repeats} timed calls after warm-up. Device: {device.platform} "
-            f"({device.device_kind}, {jax.device_count()} device(s)), jax {jax.__version__}, "
+            f"({_kind(device)}, {jax.device_count()} device(s)), jax {jax.__version__}, "
             f"{platform.machine()}.",
             "",
             *lines,
