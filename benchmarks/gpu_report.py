@@ -163,18 +163,23 @@ def _rung(r: dict) -> list[str]:
         f"per row; {'seed 0' if r.get('more_seeds') else 'one seed'}, the same data order "
         "for every row. Held-out: "
         f"{r.get('eval_windows')} validation windows of T tokens, and as many tokens in "
-        "windows of 2T and 4T." + _rung_timing(r.get("timing")),
+        "windows of 2T and 4T. 'Training windows': the final parameters scored on as many "
+        "windows of the training tokens through the same evaluation program (far above the "
+        "last training losses: an evaluation fault; near them: poor generalisation); every "
+        "step's loss and gradient norm are in rung.json (step_loss, step_grad_norm)."
+        + _rung_timing(r.get("timing")),
         "",
-        f"| row | held-out loss @{t} | @{2 * t} | @{4 * t} | bits/byte @{t} | train s "
-        "| compile s |",
-        "|---|---|---|---|---|---|---|",
+        f"| row | held-out loss @{t} | @{2 * t} | @{4 * t} | bits/byte @{t} | "
+        f"training windows @{t} | train s | compile s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     order = sorted(rows, key=lambda k: rows[k]["loss"])
     for row in order:
         m = rows[row]
         at = [_f((m.get("loss_at") or {}).get(str(n)), ".4f") for n in (2 * t, 4 * t)]
         out.append(f"| {row} | {m['loss']:.4f} | {' | '.join(at)} | {m['bits_per_byte']:.4f} | "
-                   f"{m['train_s']:.1f} | {m['compile_s']:.1f} |")  # fmt: skip
+                   f"{_f(m.get('train_windows_loss'), '.4f')} | {m['train_s']:.1f} | "
+                   f"{m['compile_s']:.1f} |")  # fmt: skip
     if len(rows) >= 2:
         tau, p, n = kendall({k: v["loss"] for k, v in rows.items()}, lm.ARTICLE_LOSS)
         nope = order.index("nope") + 1 if "nope" in order else None

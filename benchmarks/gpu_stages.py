@@ -614,9 +614,32 @@ def _held_out(row: _Row, params, val, *, windows: int) -> dict:
     return out
 
 
+def _train_windows_loss(row: _Row, params, train, *, windows: int) -> float:
+    """Loss of `params` on `windows` training windows of T tokens spread evenly over the
+    carried training tokens, through the same compiled evaluation program as the held-out
+    windows at T: against the held-out loss it separates poor generalisation from a fault
+    of the evaluation path (bytes are not carried for the training tokens: loss only)."""
+    import numpy as np
+
+    from rope_jax import harness
+
+    b, t = row.config.data.global_batch_size, row.config.data.seq_len
+    n = max(b, windows // b * b)  # whole batches of the compiled program's B rows
+    starts = np.linspace(0, len(train) - t - 1, n).astype(np.int64)
+    total = weight = 0.0
+    for j in range(0, n, b):
+        batch = _windows(train, starts[j : j + b], t)
+        batch["target_bytes"] = np.ones_like(batch["targets"])  # the program's field, unused
+        m = row.evals[t](params, harness.put_batch(batch, row.run.batch_sharding))
+        total, weight = total + float(m["loss_sum"]), weight + float(m["weight_sum"])
+    return total / weight
+
+
 def _train_row(row: _Row, train, val, *, seed: int, eval_windows: int) -> dict:
     """Trains one row from scratch on random windows (data order fixed by `seed`, the
-    same for every row), then its held-out loss at T, 2T and 4T."""
+    same for every row), then its held-out loss at T, 2T and 4T, and its loss on
+    training windows through the same evaluation program; every step's loss and
+    gradient norm are kept (fetched once at the end: no step waits on the host)."""
     import jax
     import numpy as np
 
@@ -627,20 +650,25 @@ def _train_row(row: _Row, train, val, *, seed: int, eval_windows: int) -> dict:
     rng = np.random.default_rng(seed)
     with sharding.use_mesh(run.mesh, run.rules):
         state = jax.jit(run.init_fn, out_shardings=run.shardings)()
-        losses = []
+        metrics = []
         t1 = time.time()
-        for i in range(steps):
+        for _ in range(steps):
             batch = _random_windows(train, rng, b, t)
             state, m = row.train(state, harness.put_batch(batch, run.batch_sharding))
-            if i % 200 == 0 or i == steps - 1:
-                losses.append([i, float(m["loss"])])
+            metrics.append((m["loss"], m["grad_norm"]))
         jax.block_until_ready(state)
         train_s = time.time() - t1
+        every = np.asarray(jax.device_get(metrics), np.float64).reshape(-1, 2)  # [steps, 2]
         held = _held_out(row, state["params"], val, windows=eval_windows)
+        on_train = _train_windows_loss(row, state["params"], train, windows=eval_windows)
     loss, bpb = held[str(t)]
+    curve = [[i, float(every[i, 0])] for i in range(steps) if i % 200 == 0 or i == steps - 1]
     return dict(loss=loss, bits_per_byte=bpb, loss_at={k: v[0] for k, v in held.items()},
-                bits_per_byte_at={k: v[1] for k, v in held.items()}, train_curve=losses,
-                compile_s=row.compile_s, train_s=train_s, tokens=steps * b * t)  # fmt: skip
+                bits_per_byte_at={k: v[1] for k, v in held.items()}, train_curve=curve,
+                step_loss=[float(x) for x in every[:, 0]],
+                step_grad_norm=[float(x) for x in every[:, 1]],
+                train_windows_loss=on_train, compile_s=row.compile_s, train_s=train_s,
+                tokens=steps * b * t)  # fmt: skip
 
 
 def rung_steps(tokens: int, shape: dict, smoke: bool) -> int:

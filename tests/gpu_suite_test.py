@@ -98,6 +98,13 @@ def test_every_stage_runs_in_smoke_mode_and_resumes(corpus, tmp_path):
     assert ran and all(m["tokens_per_s"] > 0 and m["last_loss"] > 0 for m in ran)
     rung = results["rung"]
     assert set(rung["rows"]) == {"nope", "qkvo"}
+    for row in rung["rows"].values():  # every step's loss and gradient norm, finite
+        assert len(row["step_loss"]) == len(row["step_grad_norm"]) == rung["steps"]
+        assert all(np.isfinite(row["step_loss"])) and all(x > 0 for x in row["step_grad_norm"])
+        assert row["step_loss"][0] == row["train_curve"][0][1]
+        # the final parameters on training windows, through the held-out windows' program
+        assert 0 < row["train_windows_loss"] < row["step_loss"][0]
+    assert "| training windows @" in (out / "gpu_suite.md").read_text()
     for row in rung["rows"].values():  # trained: below the uniform guess over 259 ids
         assert row["loss"] < np.log(259) and row["bits_per_byte"] > 0
         assert set(row["loss_at"]) == {"32", "64", "128"} and row["loss_at"]["32"] == row["loss"]
