@@ -6,12 +6,12 @@ halves of every generated-answer task (RULER's, eval.py --tasks), by length and 
 
 A model of --size (random weights: speed does not depend on them) with
 `model.attention.impl` --impl answers B prompts of T - M tokens with M new tokens
-(`nn.generate.generate`, greedy), the way an evaluation cell does. Each (T, B) is timed
-after a compile-and-run warm-up: the prefill alone (`max_new_tokens=1`) and the whole
-answer, the median of --repeats runs; decoding is their difference. The table gives
-tokens/s of prefill (B (T - M) / prefill), of decoding (B (M - 1) / decode) and overall,
-and the share of the time the prefill takes, all measured in this one run; the CPU is
-named at the top.
+through `nn.generate`'s two compiled programs (the prefill of the prompt into the key/value
+cache, then calls of CHUNK greedy steps), the way an evaluation cell does. Each (T, B) is
+timed after a warm-up that compiles both, each program waited for: the median of
+--repeats runs. The table gives tokens/s of the prefill (B (T - M) / prefill), of
+decoding (B x decoding steps / decode) and overall, and the share of the time the
+prefill takes, all measured in this one run; the CPU is named at the top.
 """
 
 from __future__ import annotations
@@ -41,32 +41,47 @@ def model(size: str, impl: str):
     return model_lib.Decoder(config.model, rngs=nnx.Rngs(0))
 
 
-def timed(fn, repeats: int) -> float:
-    """Median seconds of `fn()` (its result waited for) over `repeats` runs, after one."""
-    import jax
-
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def measure(net, length: int, batch: int, new: int, repeats: int) -> dict:
+    """Median seconds of the prefill and of the decoding calls (`nn.generate`'s two
+    compiled programs, each waited for), after a warm-up that compiles them."""
+    import jax
+    import jax.numpy as jnp
     import numpy as np
+    from flax import nnx
 
+    from rope_jax import layouts
     from rope_jax.nn import generate
 
-    prompt = np.random.default_rng(length).integers(0, 256, (batch, length - new), np.int32)
-    prefill = timed(lambda: generate.generate(net, prompt, max_new_tokens=1), repeats)
-    whole = timed(lambda: generate.generate(net, prompt, max_new_tokens=new), repeats)
-    decode = max(whole - prefill, 1e-9)
-    return {"T": length, "B": batch, "prefill_s": prefill, "decode_s": decode, "total_s": whole,
-            "prefill_tok_s": batch * (length - new) / prefill,
-            "decode_tok_s": batch * (new - 1) / decode,
-            "total_tok_s": batch * length / whole, "prefill_share": prefill / whole}  # fmt: skip
+    graphdef, state = nnx.split(net)
+    t, c, n = length - new, generate.CHUNK, generate.chunks(new)
+    prompt = jnp.asarray(np.random.default_rng(length).integers(0, 256, (batch, t)), jnp.int32)
+    positions = layouts.text_positions(jnp.zeros((batch,)), t, net.num_axes, xp=jnp)
+    keys = jax.random.split(jax.random.key(0), c + 1)
+    zero = jnp.asarray(0.0, jnp.float32)
+
+    def once() -> tuple[float, float]:
+        start = time.perf_counter()
+        cache, token = jax.block_until_ready(generate._prefill(
+            graphdef, state, prompt, positions, None, None, zero, keys[0], slots=t + 1 + n * c,
+            seq_len=length, greedy=True))  # fmt: skip
+        middle = time.perf_counter()
+        for i in range(n):
+            starts = (
+                t + jnp.arange(i * c, (i + 1) * c, dtype=jnp.float32)[:, None] + jnp.zeros(batch)
+            )
+            cache, token, _ = generate._decode(graphdef, state, cache, token, starts, keys[1:],
+                                               zero, seq_len=length, greedy=True)  # fmt: skip
+        jax.block_until_ready(token)
+        return middle - start, time.perf_counter() - middle
+
+    once()  # compiles both programs
+    runs = [once() for _ in range(repeats)]
+    prefill, decode = (statistics.median(r[k] for r in runs) for k in (0, 1))
+    steps = n * c  # decoding steps run (the last call's beyond `new` included)
+    return {"T": length, "B": batch, "prefill_s": prefill, "decode_s": decode,
+            "prefill_tok_s": batch * t / prefill, "decode_tok_s": batch * steps / decode,
+            "total_tok_s": batch * (t + steps) / (prefill + decode),
+            "prefill_share": prefill / (prefill + decode)}  # fmt: skip
 
 
 def render(rows: list[dict], args, cpu: str) -> str:

@@ -258,3 +258,21 @@ def test_the_suite_runs_on_an_imported_hf_model_in_its_own_tokenizer(data_dir, t
         assert row["input"].startswith("A special magic number is hidden within the following")
         assert row["input"].endswith("mentioned in the provided text is")
         assert len(tok.encode(row["input"])) <= 700 - 128  # RULER's budget; re-encoding may merge
+
+
+@pytest.mark.slow
+def test_the_evaluation_benchmark_times_prefill_and_decoding_apart():
+    import importlib.util
+
+    path = os.path.join(ROOT, "benchmarks", "eval_bench.py")
+    spec = importlib.util.spec_from_file_location("eval_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    page = bench.main(["--size=tiny", "--lengths=64,96", "--batches=1,2", "--new=8",
+                       "--repeats=1"])  # fmt: skip
+    rows = [line.split("|")[1:-1] for line in page.splitlines() if line.startswith("| 64")
+            or line.startswith("| 96")]  # fmt: skip
+    assert [(int(r[0]), int(r[1])) for r in rows] == [(64, 1), (64, 2), (96, 1), (96, 2)]
+    for r in rows:
+        share = float(r[5])
+        assert 0 < share < 1 and all(float(v.replace(",", "")) > 0 for v in r[2:5])
