@@ -124,7 +124,8 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--num_batches", type=int, default=8, help="eval batches per length")
     p.add_argument("--tasks", default="", help="RULER tasks scored at every length, e.g. "
                    "niah_single_1,vt ('ruler': all)")  # fmt: skip
-    p.add_argument("--examples", type=int, default=50, help="examples per length of --tasks")
+    p.add_argument("--examples", type=int, default=None,
+                   help="examples per length of --tasks (default --passkey's, or 50)")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     return p.parse_args(argv)
 
@@ -195,6 +196,8 @@ def _tasks(args) -> list[str]:
 
     if not args.tasks:
         return []
+    if args.examples is None:  # one count of examples serves passkey and the tasks
+        args.examples = args.passkey or 50
     if args.examples < 1:
         raise plan.SweepError(f"--examples={args.examples} must be >= 1")
     if args.passkey and args.passkey != args.examples:

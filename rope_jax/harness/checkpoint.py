@@ -121,7 +121,12 @@ class Manager:
     def steps(self) -> list[int]:
         if self._mngr is None and not os.path.isdir(self.directory):
             return []
-        return sorted(self._manager().all_steps())
+        for _ in range(20):
+            try:
+                return sorted(self._manager().all_steps())
+            except FileNotFoundError:  # a live run's rotation removed a step Orbax was listing
+                self._reset()
+        raise CheckpointError(f"the checkpoints in {self.directory} change too fast to list")
 
     def latest_step(self, *, complete: bool = False) -> int | None:
         """The newest step; with `complete`, the newest whose save has finished (its
@@ -178,9 +183,13 @@ class Manager:
         reader): rotation leaves it until `close`. Looks again when rotation deleted it
         first; None when there is no step."""
         for _ in range(100):
-            if self._mngr is not None:
-                self._manager().reload()  # the directory changes under a live run
-            step = self.latest_step(complete=complete)
+            try:
+                if self._mngr is not None:
+                    self._manager().reload()  # the directory changes under a live run
+                step = self.latest_step(complete=complete)
+            except FileNotFoundError:  # a step removed while Orbax read the directory
+                self._reset()
+                continue
             if step is None:
                 return None
             try:
