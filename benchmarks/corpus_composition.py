@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_child  # noqa: E402
 
+from rope_jax import provenance  # noqa: E402
 from rope_jax.data import archives, readers, splits, tokenizers  # noqa: E402
 
 GROUPS = (  # (name, path prefix inside the tree); first match wins, "" matches all
@@ -134,12 +135,15 @@ def main(argv=None) -> int:
           flush=True)  # fmt: skip
     table = count(source, tokenizer, args.sample_permille)
     exact = {s: v.get("tokens") for s, v in meta.get("splits", {}).items()}
-    cmd = "python benchmarks/corpus_composition.py " + " ".join(argv or sys.argv[1:])
+    cmd = provenance.portable(
+        "python benchmarks/corpus_composition.py " + " ".join(argv or sys.argv[1:])
+    )
     head = (f"# What `{os.path.basename(dataset.rstrip('/'))}` is made of\n\nCommand: `{cmd}`\n\n"
             f"Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; "
             f"{time.time() - start:.0f} s. Source `{source}`, prepared with "
-            f"`{meta.get('command', '?')}`. Bytes are exact (every document, split by the "
-            "same held-out rule as the preparation); tokens are estimated per part from "
+            f"`{provenance.portable(meta.get('command', '?'))}`. Bytes are exact (every "
+            "document, split by the same held-out rule as the preparation); tokens are "
+            "estimated per part from "
             f"the bytes per token of a {args.sample_permille}-per-1000 sample of its "
             "documents, encoded with the dataset's tokenizer.")  # fmt: skip
     page = render(table, estimate(table), exact, head)

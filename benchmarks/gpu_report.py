@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import statistics
 
+from rope_jax import provenance
+
 
 def _f(x, fmt: str = ",.0f", none: str = "—") -> str:
     return none if x is None else format(x, fmt)
@@ -153,7 +155,8 @@ def _rung(r: dict) -> list[str]:
     out = [
         f"Corpus: {d.get('dataset')} ({d.get('tokenizer')}, {_f(d.get('train_tokens'))} "
         f"training tokens carried in {d.get('slices', 1)} slices spread over its "
-        f"{_f(d.get('train_tokens_in_dataset'))}; prepared by `{d.get('prepared_by')}`); "
+        f"{_f(d.get('train_tokens_in_dataset'))}; prepared by "
+        f"`{provenance.portable(str(d.get('prepared_by')))}`); "
         "each step's windows drawn at random from the carried tokens. Model: "
         f"L{s.get('num_layers')} D{s.get('embed_dim')} N{s.get('num_heads')} "
         f"K{s.get('num_kv_heads')} H{s.get('head_dim')} F{s.get('mlp_dim')}, "

@@ -167,6 +167,14 @@ def changes(last: dict | None, now: dict) -> str | None:
     return "; ".join(diffs) or None
 
 
+def portable(text: str) -> str:
+    """`text` (a recorded command) with this machine's paths made a reader's: the working
+    directory's prefix dropped (relative paths) and the home directory written `~`."""
+    cwd, home = os.getcwd().rstrip("/") + "/", os.path.expanduser("~").rstrip("/")
+    text = text.replace(cwd, "")
+    return text.replace(home + "/", "~/") if home not in ("", "/") else text
+
+
 def cpu_name() -> str:
     """The CPU's model name (/proc/cpuinfo), else platform.processor()."""
     try:

@@ -143,3 +143,14 @@ def test_a_copy_whose_git_is_older_than_its_files_reports_the_stamp(tmp_path, ch
     assert provenance.describe(_version()) == f"{old[:7]} + uncommitted changes"
     monkeypatch.setattr(provenance, "_ROOT", str(checkout))
     assert provenance.describe(_version()) == new[:7]  # a clean checkout: git, stamp or not
+
+
+def test_a_recorded_command_is_written_with_a_readers_paths(monkeypatch, tmp_path):
+    home, cwd = tmp_path / "home", tmp_path / "home" / "repo"
+    cwd.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    command = f"train.py --workdir={cwd}/runs/x --data_dir={home}/rope_data --out=/data/y"
+    assert provenance.portable(command) == (
+        "train.py --workdir=runs/x --data_dir=~/rope_data --out=/data/y"
+    )

@@ -15,6 +15,7 @@ import math
 import os
 import statistics
 
+from rope_jax import provenance
 from rope_jax.experiments.plan import Job, columns, format_command
 
 
@@ -130,7 +131,7 @@ def header(report: dict) -> list[str]:
     seeds = ", ".join(map(str, report["seeds"]))
     code = provenance_line(report)
     return [f"# Sweep: {report['config']}", "", *([report["title"], ""] if report["title"] else []),
-            f"Command: `{report['command']}`", "",
+            f"Command: `{provenance.portable(report['command'])}`", "",
             f"Date: {report['date']}; jax {report['jax']}; device: {report['device']}{code}.", "",
             f"Settings: {settings}; seeds: {seeds}.", ""]  # fmt: skip
 
