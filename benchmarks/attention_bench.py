@@ -229,6 +229,19 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
+def _children(args, lengths, only: str, steps: list, label: str) -> list[dict]:
+    """One child process per (T, impl) measured with `only` (--only or --only_kernel):
+    the results that came back, each printed as it comes."""
+    out = []
+    for t in lengths:
+        for impl in args.impls:
+            child = [only, f"{impl},{t}", *steps, "--max_gib", str(args.max_gib)]
+            r = bench_child.run_child(child, script=__file__)
+            print(f"{label}T={t:>6} {impl:>12}: {r}", flush=True)
+            out += [r] if r else []
+    return out
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -241,22 +254,9 @@ def main(argv=None) -> None:
         r = measure_kernel(impl, int(t), steps=args.kernel_steps, max_gib=args.max_gib)
         print(json.dumps(r))
         return
-    results = []
-    for t in args.lengths:
-        for impl in args.impls:
-            child = ["--only", f"{impl},{t}", "--steps", str(args.steps),
-                     "--max_gib", str(args.max_gib)]  # fmt: skip
-            r = bench_child.run_child(child, script=__file__)
-            print(f"T={t:>6} {impl:>12}: {r}", flush=True)
-            results += [r] if r else []
-    kernel_results = []
-    for t in args.kernel_lengths:
-        for impl in args.impls:
-            child = ["--only_kernel", f"{impl},{t}", "--kernel_steps", str(args.kernel_steps),
-                     "--max_gib", str(args.max_gib)]  # fmt: skip
-            r = bench_child.run_child(child, script=__file__)
-            print(f"kernel T={t:>6} {impl:>12}: {r}", flush=True)
-            kernel_results += [r] if r else []
+    results = _children(args, args.lengths, "--only", ["--steps", str(args.steps)], "")
+    kernel_results = _children(args, args.kernel_lengths, "--only_kernel",
+                               ["--kernel_steps", str(args.kernel_steps)], "kernel ")  # fmt: skip
     command = "python benchmarks/attention_bench.py " + " ".join(argv)
     text = report(results, kernel_results, args, command)
     bench_child.publish(text, args.out)

@@ -86,14 +86,21 @@ def ended(program: str, returncode: int) -> str:
     return f"{program} was killed by {name}{oom}"
 
 
+def tail_lines(path: str, size: int) -> list[str] | None:
+    """The lines of the last `size` bytes of the file at `path` (None if it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(os.fstat(f.fileno()).st_size - size, 0))
+            return f.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+
+
 def last_error(log: str) -> str | None:
     """The last `error: ...` line (without `error: `) written to `log` by its newest
     command (after the last `=== ` header line the launchers write), or None."""
-    try:
-        with open(log, "rb") as f:
-            f.seek(max(os.fstat(f.fileno()).st_size - 65536, 0))
-            lines = f.read().decode("utf-8", errors="replace").splitlines()
-    except OSError:
+    lines = tail_lines(log, 65536)
+    if lines is None:
         return None
     start = max((i for i, x in enumerate(lines) if x.startswith("=== ")), default=-1)
     errors = [x.strip() for x in lines[start + 1 :] if x.strip().startswith("error: ")]

@@ -92,11 +92,8 @@ def launch(cmd: list, log_path: str, env: dict, heartbeat_s: float = HEARTBEAT_S
 
 def last_progress_line(log_path: str) -> str | None:
     """The newest line of train.py's log that starts with `step ` (its progress), or None."""
-    try:
-        with open(log_path, "rb") as f:
-            f.seek(max(os.fstat(f.fileno()).st_size - 8192, 0))
-            lines = f.read().decode("utf-8", errors="replace").splitlines()
-    except OSError:
+    lines = failures.tail_lines(log_path, 8192)
+    if lines is None:
         return None
     return next((x.strip() for x in reversed(lines) if x.startswith("step ")), None)
 
