@@ -34,7 +34,7 @@ class Generated:
         held-out text in the run's tokenizer (`ruler.check`: template, needles and answer
         budget fit; every character encodes; enough text without repeating)."""
         tokenizer = data.kind(config.data).tokenizer()
-        haystack = text_stream(config.data, split)
+        haystack = _haystack(config, split, examples, max(lengths))
         for length in lengths:
             ruler.check(self.name, length=length, tokenizer=tokenizer, num_examples=examples,
                         haystack=haystack, max_new_tokens=_budget(config),
@@ -47,7 +47,7 @@ class Generated:
         length = length or ctx.config.data.seq_len  # None: the training length
         config = ctx.config
         tokenizer = data.kind(config.data).tokenizer()
-        haystack = text_stream(config.data, ctx.split)
+        haystack = _haystack(config, ctx.split, ctx.examples, length)
         examples = [
             ruler.make_example(self.name, length=length, index=i, seed=ctx.seed,
                                tokenizer=tokenizer, haystack=haystack,
@@ -67,6 +67,13 @@ class Generated:
                             })  # fmt: skip
         mean = float(np.mean([r["score"] for r in records]))
         return Cell({self.name: mean, f"{self.name}_examples": len(records)}, tuple(records))
+
+
+def _haystack(config, split: str, examples: int, length: int):
+    """The held-out text the examples draw from: twice what `examples` prompts of `length`
+    tokens take (documents' EOS ids are dropped from it), not the whole split, which a
+    prepared corpus would read from its shards for every cell."""
+    return text_stream(config.data, split, max_tokens=2 * examples * length)
 
 
 def _budget(config) -> int | None:
