@@ -176,8 +176,8 @@ def _word_characters() -> str:
 def _task_strings(s: Spec, template: str) -> list[str]:
     """The strings a task's prompts are made of (placeholders filled with sample values)."""
     t = templates.template(template, s.family)
-    fields = {"type_needle_v": "numbers", "query": "x", "num_v": 5, "num_cw": 10,
-              "key": "x", "value": "1"}  # fmt: skip
+    fields = {"type_needle_v": "numbers", "type_needle": "numbers", "query": "x", "num_v": 5,
+              "num_cw": 10, "key": "x", "value": "1"}  # fmt: skip
     texts = [str(t[f]).format(**fields) for f in ("before", "after", "needle", "noise") if f in t]
     alphabet = {"niah": string.digits + "abcdef-" + _word_characters(),
                 "vt": string.ascii_uppercase + string.digits + "=",

@@ -48,12 +48,13 @@ def wording(template: dict, counts: dict, keys: list[str]) -> tuple[str, str, st
     if counts["q"] * counts["v"] == 1:
         before, after = templates.singular(before, template), templates.singular(after, template)
         type_v = type_v[:-1]
-    fields = {"type_needle_v": type_v, "query": query_text(keys)}
+    fields = {"type_needle_v": type_v, "type_needle": counts["value"], "query": query_text(keys)}
     return before.format(**fields), after.format(**fields), type_v
 
 
 def needle_text(template: dict, counts: dict, key: str, value: str) -> str:
-    return template["needle"].format(type_needle_v=counts["value"], key=key, value=value)
+    return template["needle"].format(type_needle_v=counts["value"], type_needle=counts["value"],
+                                     key=key, value=value)  # fmt: skip
 
 
 def generate(counts: dict, request: prompt.Request) -> prompt.Built:
@@ -74,7 +75,8 @@ def generate(counts: dict, request: prompt.Request) -> prompt.Built:
     haystack, boundaries = build_haystack(counts, request, c, size, noise)
     depths = prompt.pick_depths(rng, len(needles), request.depth)
     context, actual = prompt.insert(haystack, boundaries, needles, depths)
-    target = " " + ", ".join(answers) + "."
+    opening, separator = t.get("answer", (" ", ", "))
+    target = opening + separator.join(answers) + "."
     return prompt.finish(request.budget, [head, lead, context, tail],
                          answers=answers, depths=actual, target=target)  # fmt: skip
 

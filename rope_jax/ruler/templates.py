@@ -14,13 +14,17 @@ tokenized on its own.
          smaller answer budgets and word counts: for byte-level models trained at
          T = 256-512, where RULER's ~300 characters of instructions leave no haystack.
          Its niah question repeats the needle's own words up to the value ("Magic
-         numbers for KEY:"), so finding the key is the whole task.
+         numbers for KEY: #"), so finding the key is the whole task, and every value
+         follows a `#` that nothing else in the prompt uses: a copy can start from one
+         token (as the pass key's `#` does), not from a `: ` that the haystack's prose
+         also holds.
 
 Fields: `before`/`after` the text around the context ({type_needle_v}, {query}, {num_v},
 {num_cw} filled in), `needle` the needle sentence, `noise` the repeated filler sentence,
 `singular` the replacements RULER makes when one value is asked (`Some` -> `A`, `are` ->
 `is`, ...), `shots` the number of worked examples (`shot_tokens` the most tokens of vt's),
-`max_new_tokens` the answer budgets (tokens) by family, and `counts` overrides of the task
+`answer` the niah target's (lead, separator) around the values (RULER's `(" ", ", ")`
+when absent), `max_new_tokens` the answer budgets (tokens) by family, and `counts` overrides of the task
 counts (see `rope_jax.ruler.TASKS`).
 """
 
@@ -75,8 +79,9 @@ TEMPLATES: dict[str, dict[str, dict]] = {
     "short": {
         "niah": {
             "before": "Some magic {type_needle_v} are hidden here.",
-            "after": "\nMagic {type_needle_v} for {query}:",
-            "needle": "Magic {type_needle_v} for {key}: {value}.",
+            "after": "\nMagic {type_needle} for {query}: #",
+            "needle": "Magic {type_needle} for {key}: #{value}.",
+            "answer": ("", ", #"),
             "noise": NOISE,
             "singular": SINGULAR,
             "max_new_tokens": 40,
