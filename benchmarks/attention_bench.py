@@ -1,6 +1,6 @@
 r"""Attention kernels against context length: compiled memory and step time of a train step.
 
-  python benchmarks/attention_bench.py --out results/attention_bench.md
+  python benchmarks/attention_bench.py --out results/performance/attention_bench.md
   python benchmarks/attention_bench.py --lengths 1024,2048 --impls xla,chunked   # quick
 
 The `tiny` preset (2 layers, D = 128, 4 heads of H = 32, 2 kv heads) at batch 1 and

@@ -1,6 +1,6 @@
 r"""Prepared corpora read without loading: peak RSS and input speed at two corpus sizes.
 
-  python benchmarks/corpus_bench.py --out results/corpus_bench.md
+  python benchmarks/corpus_bench.py --out results/performance/corpus_bench.md
   python benchmarks/corpus_bench.py --copies 1,10 --steps 5      # quick
 
 The Python standard library corpus (the `python_stdlib` documents, ~12 MB) written K

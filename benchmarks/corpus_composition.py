@@ -1,7 +1,7 @@
 r"""What a prepared archive corpus is made of: bytes and tokens per part of the tree, per split.
 
   python benchmarks/corpus_composition.py --dataset=~/rope_data/linux8k \
-      --out results/corpus_composition.md
+      --out results/research/corpus_composition.md
 
 Reads the archive the dataset was prepared from (its metadata names the source) through
 the same reader and held-out rule as `python -m rope_jax.data.prepare`, puts every

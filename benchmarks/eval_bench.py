@@ -1,7 +1,7 @@
 r"""Evaluation throughput: prefill and greedy decoding through the key/value cache, the two
 halves of every generated-answer task (RULER's, eval.py --tasks), by length and batch.
 
-  python benchmarks/eval_bench.py --out results/eval_bench.md
+  python benchmarks/eval_bench.py --out results/performance/eval_bench.md
   python benchmarks/eval_bench.py --size=tiny --lengths=128,256 --batches=1,2 --new=8   # quick
 
 A model of --size (random weights: speed does not depend on them) with

@@ -32,7 +32,7 @@ it) and writes OUT/<stage>.json as it goes: a rerun skips finished stages and, i
 a stage, finished items (kernel cases, step1b settings, rung rows), so a run cut off by
 its time limit resumes with the same command; on a machine that starts bare each time,
 `--resume_from DIR` first copies into OUT the stage files an earlier call returned (kept
-in DIR, e.g. committed under results/). `--budget_s` is the wall time of the
+in DIR, e.g. committed under results/device/). `--budget_s` is the wall time of the
 whole command; each stage gets a share of it (SHARES) plus whatever earlier stages left,
 and stops starting new items when its next one would not fit. OUT/gpu_suite.md is the
 page rendered from the JSON files after every stage, and OUT/rung_sweep.json the rung

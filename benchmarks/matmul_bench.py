@@ -1,6 +1,6 @@
 """The training step's matrix products, one by one: XLA (jax.jit) against PyTorch.
 
-  python benchmarks/matmul_bench.py [--size small] [--out results/matmul_bench.md]
+  python benchmarks/matmul_bench.py [--size small] [--out results/performance/matmul_bench.md]
 
 A training step of the decoder is mostly matrix products. For each weight of a size
 preset (`configs/common.py`) with M = B*T tokens, x [M, Din], W [Din, Dout] and the

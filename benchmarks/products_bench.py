@@ -1,6 +1,7 @@
 """Each dense layer of a training step, forward + backward, in each product form.
 
-  python benchmarks/products_bench.py [--size small] [--repeats 5] [--out results/products_bench.md]
+  python benchmarks/products_bench.py [--size small] [--repeats 5]
+                                      [--out results/performance/products_bench.md]
 
 For every weight of a size preset (q, k, v, o, the stacked SwiGLU gate/up, down, the
 head), with M = B*T tokens, times one jitted forward + backward of

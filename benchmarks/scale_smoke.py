@@ -1,8 +1,9 @@
 """The `1b` preset end to end on this machine, with where its memory goes.
 
-  python benchmarks/scale_smoke.py --out results/scale_smoke.md
+  python benchmarks/scale_smoke.py --out results/performance/scale_smoke.md
   XLA_FLAGS=--xla_force_host_platform_device_count=8 \
-      python benchmarks/scale_smoke.py --mesh=1,8,1 --only=plan --out results/scale_smoke_fsdp8.md
+      python benchmarks/scale_smoke.py --mesh=1,8,1 --only=plan \
+      --out results/performance/scale_smoke_fsdp8.md
 
 Builds `size=1b` (bf16 compute, `chunked` attention, remat as the preset says) with a small
 batch (B sequences of T tokens, synthetic), then, each phase timed and its peak resident

@@ -1,7 +1,8 @@
 """Where one training step's time goes: a jax.profiler trace summed by source operation.
 
   python benchmarks/step_profile.py [--size small] [--set model.rope.sites=qkvo]
-                                    [--steps 3] [--top 30] [--out results/step_profile.md]
+                                    [--steps 3] [--top 30]
+                                    [--out results/performance/step_profile.md]
 
 Builds the step exactly as train.py does (`harness.build`), times it on one
 synthetic batch after warm-up, then records `--steps` steps with `jax.profiler.trace`

@@ -1,6 +1,6 @@
 """Training-step throughput against the PyTorch peer, rotation overhead, input pipeline.
 
-  python benchmarks/train_bench.py [--sizes tiny,small] [--out results/perf.md]
+  python benchmarks/train_bench.py [--sizes tiny,small] [--out results/performance/perf.md]
 
 Needs the bench venv for the peer (requirements-bench.txt: torch CPU + transformers);
 without torch the peer columns read "n/a". Every measurement runs in its own child

@@ -2,7 +2,7 @@
 
   python -m rope_jax.experiments.sweep --config=configs/precision.py:size=tiny \
       --workdir=runs/precision \
-      --seeds=3 --results=results/precision
+      --seeds=3 --results=results/research/precision
   python train.py --config=configs/precision.py:row=bfloat16 --workdir=runs/bf16
 
 `bfloat16` multiplies bfloat16 matrices with float32 accumulation and keeps float32

@@ -1,7 +1,7 @@
 """One model, one corpus, several tokenizers: compare them in bits per byte.
 
   python -m rope_jax.experiments.sweep --config=configs/tokenizers.py:size=tiny \
-      --workdir=runs/tokenizers --results=results/tokenizers_tiny
+      --workdir=runs/tokenizers --results=results/research/tokenizers_tiny
 
 Rows: `bytes` (the byte-level tokens) and byte-level BPEs of 1k, 4k and 8k ids trained
 on the train split (`data.tokenizer=train:V`: the corpus is prepared once, on first

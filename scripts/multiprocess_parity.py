@@ -1,7 +1,7 @@
 r"""Multi-process parity: `srun -n P` of train.py against one process, same global batch.
 
   sudo scripts/local_slurm.sh up                 # or any SLURM cluster with srun
-  python scripts/multiprocess_parity.py          # writes results/multiprocess_parity.md
+  python scripts/multiprocess_parity.py          # writes results/performance/multiprocess_parity.md
 
 Trains the same config twice on CPU: once as one process with P x D devices, once as
 `srun -n P` (P processes of D devices each, started by `harness.distributed` from
@@ -40,7 +40,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--devices", type=int, default=2, help="D, CPU devices per process")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--workdir", default="runs/multiprocess_parity")
-    p.add_argument("--out", default="results/multiprocess_parity.md")
+    p.add_argument("--out", default="results/performance/multiprocess_parity.md")
     return p.parse_args(argv)
 
 

@@ -165,7 +165,7 @@ def test_report_puts_the_compiled_peer_beside_the_eager_one():
     assert row["ours_vs_peer_compiled"] is None
 
 
-# The library's performance fixes (results/perf.md) must not change the numbers.
+# The library's performance fixes (results/performance/perf.md) must not change the numbers.
 
 
 @pytest.mark.slow

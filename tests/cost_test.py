@@ -130,14 +130,15 @@ def test_the_plan_of_the_1b_preset_at_20b_tokens():
 
 
 def test_the_committed_plan_is_what_its_command_writes(monkeypatch):
-    """results/cost_plan.md = the output of the command it names + its hand-written notes."""
+    """results/performance/cost_plan.md = the output of the command it names + its
+    hand-written notes."""
     monkeypatch.chdir(ROOT)
-    with open("results/cost_plan.md") as f:
+    with open("results/performance/cost_plan.md") as f:
         text = f.read()
     made_by = next(line for line in text.splitlines() if line.startswith("Made by `python -m"))
     argv = shlex.split(made_by.split("`")[1])[3:]  # after python -m rope_jax.harness.cost
-    assert "--out=results/cost_plan.md" in argv
-    notes = cost.kept_notes("results/cost_plan.md")
+    assert "--out=results/performance/cost_plan.md" in argv
+    notes = cost.kept_notes("results/performance/cost_plan.md")
     assert notes.startswith(cost.NOTES_MARKER)
     assert text == "\n".join(cost.render(argv)) + "\n\n" + notes
 

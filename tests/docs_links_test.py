@@ -15,6 +15,16 @@ PAGES = ["README.md", "results/README.md"] + [
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
+def result_pages() -> list[str]:
+    """Every .md under results/ (its folders by kind: research/, performance/, faults/,
+    device/ and their run folders), as paths from the repository root."""
+    found = []
+    for folder, _, files in os.walk(os.path.join(ROOT, "results")):
+        found += [os.path.relpath(os.path.join(folder, f), ROOT) for f in files
+                  if f.endswith(".md")]  # fmt: skip
+    return sorted(found)
+
+
 def slug(heading: str) -> str:
     """GitHub's anchor of a heading."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
@@ -26,7 +36,7 @@ def anchors(path: str) -> set[str]:
     return {slug(h) for h in re.findall(r"^#{1,6} (.*)$", text, flags=re.M)}
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", sorted(set(PAGES + result_pages())))
 def test_every_relative_link_and_anchor_resolves(page):
     here = os.path.dirname(os.path.join(ROOT, page))
     for target in LINK.findall(open(os.path.join(ROOT, page)).read()):
@@ -46,8 +56,7 @@ def test_the_front_page_stays_short():
 def test_every_command_on_every_page_names_a_module_or_script_that_exists():
     import importlib.util
 
-    pages = PAGES + [os.path.join("results", f) for f in os.listdir(os.path.join(ROOT, "results"))
-                     if f.endswith(".md")]  # fmt: skip
+    pages = PAGES + result_pages()
     for page in pages:
         text = open(os.path.join(ROOT, page)).read()
         for module in re.findall(r"python3? -m ([\w.]+)", text):
@@ -94,8 +103,7 @@ def test_every_python_m_command_on_every_page_parses(monkeypatch):
         raise _Parsed
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse)
-    pages = PAGES + [os.path.join("results", f) for f in os.listdir(os.path.join(ROOT, "results"))
-                     if f.endswith(".md")]  # fmt: skip
+    pages = PAGES + result_pages()
     checked = 0
     for page in pages:
         for module, argv in _commands(open(os.path.join(ROOT, page)).read(), "rope_jax"):
@@ -120,8 +128,7 @@ def test_every_train_command_on_every_page_names_real_config_fields():
     get_config(ARG) works and every overridden field exists."""
     from rope_jax import defaults
 
-    pages = PAGES + [os.path.join("results", f) for f in os.listdir(os.path.join(ROOT, "results"))
-                     if f.endswith(".md")]  # fmt: skip
+    pages = PAGES + result_pages()
     checked = 0
     for page in pages:
         text = re.sub(r"\\\n\s*", " ", open(os.path.join(ROOT, page)).read())

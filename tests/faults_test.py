@@ -846,7 +846,7 @@ def test_ctrl_c_or_sigterm_stops_an_evaluation_at_once_with_one_line_and_no_resu
 def test_ctrl_c_stops_a_long_continuation_between_its_decoding_calls(saved, tmp_path, cache_env):
     """eval.py --generate decodes `generate.CHUNK` tokens per compiled call and checks for
     a signal between calls. Before, one scan of every token ran to its end first: a
-    Ctrl-C 15 s into 30,000 tokens took 223 s to stop it (results/faults.md)."""
+    Ctrl-C 15 s into 30,000 tokens took 223 s to stop it (results/faults/faults.md)."""
     workdir = copy_run(saved, tmp_path)
     proc = start(["eval.py", f"--workdir={workdir}", "--generate", "--prompt=ROMEO:",
                   "--max_new_tokens=200000", "--progress_s=0"], cache_env)  # fmt: skip

@@ -306,7 +306,7 @@ def test_step1b_table_is_in_run_order_with_both_mfus_and_each_settings_memory():
     """The H100's committed step1b JSON (sorted by name on disk): rows in the order the
     settings ran, MFU counted over the full T x T square and causally, and the second
     setting's peak marked as not its own (it did not raise the first one's)."""
-    with open(os.path.join(ROOT, "results/gpu_suite_2026-11-26_h100/step1b.json")) as f:
+    with open(os.path.join(ROOT, "results/device/gpu_suite_2026-11-26_h100/step1b.json")) as f:
         r = json.load(f)
     assert list(r["settings"])[0].startswith("dot_product remat=block")  # sorted keys
     rows = [x for x in gpu_report._step1b(r) if x.startswith("| dot_product")]

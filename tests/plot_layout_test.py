@@ -235,12 +235,12 @@ def test_the_suffix_of_out_picks_the_format(tmp_path):
 
 def test_command_in_suptitle():
     args = plot_layout.parse_args(
-        ["--scheme=all", f"--segments={IMAGE}", "--out=results/layouts.png"]
+        ["--scheme=all", f"--segments={IMAGE}", "--out=results/research/layouts.png"]
     )
     assert plot_layout.command_line(args) == (
         "python -m rope_jax.experiments.plot_layout --scheme=all "
         '--segments="text:4,image:3x5,text:3" '
-        "--out=results/layouts.png"
+        "--out=results/research/layouts.png"
     )
 
 

@@ -28,7 +28,7 @@ def test_a_bad_request_is_one_line_before_anything_runs(tmp_path, capsys, extra,
 
 
 def test_the_committed_page_is_what_its_json_renders():
-    path = os.path.join(ROOT, "results", "text_to_multimodal")
+    path = os.path.join(ROOT, "results", "research", "text_to_multimodal")
     with open(path + ".json") as f:
         result = json.load(f)
     with open(path + ".md") as f:

@@ -2,7 +2,7 @@ r"""Context extension: train at T, then evaluate at T, 2T, 4T and 8T under each 
 without fine-tuning and after a short fine-tune at 4T; held-out loss and passkey retrieval.
 
   python -m rope_jax.experiments.context_extension --config=configs/lm.py:size=tiny \
-      --workdir=runs/context_extension --out=results/context_extension \
+      --workdir=runs/context_extension --out=results/research/context_extension \
       [--rows=qk,vo] [--rules=none,yarn] [--seeds=2] [--finetune_steps=100] [--set k=v,...]
 
 Rows (`ROWS`): rotation sites qk (RoPE), vo, qkvo, NoPE, and the learned rotations

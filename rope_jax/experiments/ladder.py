@@ -1,8 +1,8 @@
 r"""Several sweeps side by side: how the rows' order moves with depth, context and size.
 
   python -m rope_jax.experiments.ladder \
-      --sweeps=results/vo_rope_ablation.json,results/vo_rope_ladder_L4_T128.json \
-      --rows=nope,q,k,v,o,qk,vo,qkv,qkvo --out=results/vo_rope_scaling
+      --sweeps=results/research/vo_rope_ablation.json,results/research/vo_rope_ladder_L4_T128.json \
+      --rows=nope,q,k,v,o,qk,vo,qkv,qkvo --out=results/research/vo_rope_scaling
 
 Each sweep (a `<results>.json` written by `rope_jax.experiments.sweep`) is one rung of
 the ladder. Per rung: Kendall tau of our order at the training length T against the

@@ -1,9 +1,10 @@
 r"""A sweep's runs scored on other datasets that share their tokenizer: the rows' order on
 each part of a corpus.
 
-  python -m rope_jax.experiments.parts --sweep=results/vo_rope_ladder_L8_D256_linux8k.json \
+  python -m rope_jax.experiments.parts \
+      --sweep=results/research/vo_rope_ladder_L8_D256_linux8k.json \
       --data=linux8k_tables,linux8k_docs,linux8k_code --data_dir=~/rope_data \
-      --out=results/vo_rope_ladder_L8_D256_linux8k_parts
+      --out=results/research/vo_rope_ladder_L8_D256_linux8k_parts
 
 Every run of the sweep (its <results>.json names each run's workdir and final step) is
 evaluated on each --data dataset (`eval.py --data`: the same checkpoint on another

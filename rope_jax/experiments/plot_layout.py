@@ -2,7 +2,7 @@
 
   python -m rope_jax.experiments.plot_layout --scheme=rope_tv --segments="text:4,image:3x5,text:3"
   python -m rope_jax.experiments.plot_layout --scheme=all --segments="text:4,image:3x5,text:3" \\
-      --out=results/layouts.png
+      --out=results/research/layouts.png
   python -m rope_jax.experiments.plot_layout --scheme=mrope,rope_tv \\
       --segments="text:2,video:2x3x3,text:2"
   python -m rope_jax.experiments.plot_layout --scheme=mrope,videorope --tokens_per_second=2 \\

@@ -11,7 +11,7 @@ schedule; then each row again, starting from the scratch `qk` run of the same se
       --set train.init_from=runs/retrofit/scratch/qk/seed_{seed} \
       --set train.num_steps=250,train.eval_every_steps=25
   python -m rope_jax.experiments.retrofit --scratch=runs/retrofit/scratch.json \
-      --retrofit=runs/retrofit/from_qk.json --out=results/retrofit
+      --retrofit=runs/retrofit/from_qk.json --out=results/research/retrofit
 
 Rotation sites carry no parameters, so a qk model's weights load whole into vo or qkvo;
 tied K/V replaces the key and value projections by one latent projection, which starts

@@ -1,7 +1,8 @@
 r"""Runs a config's sweep(): every row x seed is one training run; then a table and a plot.
 
   python -m rope_jax.experiments.sweep --config=configs/lm.py:size=tiny --workdir=runs/vo_ablation \
-      --seeds=3 --results=results/vo_rope_ablation [--rows=qk,vo] [--set train.num_steps=200]
+      --seeds=3 --results=results/research/vo_rope_ablation \
+      [--rows=qk,vo] [--set train.num_steps=200]
 
 The config module's `sweep(add)` calls `add(name="vo", **{"model.rope.sites": "vo"})` per
 row (dotted config paths -> values). Run (row, seed k) is `python train.py` in

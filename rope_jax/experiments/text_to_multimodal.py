@@ -1,7 +1,7 @@
 r"""From a text model to a multimodal one: does a layout let a pretrained text LM take images?
 
   python -m rope_jax.experiments.text_to_multimodal --workdir=runs/text_to_mm \
-      --out=results/text_to_multimodal [--rows=flat,rope_tv] [--seeds=2] [--layers=4]
+      --out=results/research/text_to_multimodal [--rows=flat,rope_tv] [--seeds=2] [--layers=4]
 
 A layout whose text positions and image spans match a text model's 1-D positions (every
 layout here places text at t on every axis) should let the text model's weights serve

@@ -3,7 +3,7 @@ pod, as a markdown plan (the counts and their two conventions, PaLM's full T x T
 and MaxText/Megatron's causal half, are `harness/flops.py`).
 
   python -m rope_jax.harness.cost --config=configs/lm.py:size=1b --num_tokens=20e9,5e9 \
-      --rows=9 --seeds=1,3 --out=results/cost_plan.md
+      --rows=9 --seeds=1,3 --out=results/performance/cost_plan.md
 """
 
 from __future__ import annotations
