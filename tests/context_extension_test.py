@@ -9,6 +9,7 @@ import pytest
 
 from rope_jax import provenance
 from rope_jax.experiments import context_extension as ce
+from rope_jax.experiments import plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ("model.num_layers=1,model.embed_dim=32,model.num_heads=2,model.num_kv_heads=1,"
@@ -27,10 +28,19 @@ def test_rules_are_hf_rope_parameters_from_the_training_length():
     yarn = ce.rule_scaling("yarn", 4.0, 128)
     assert yarn == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
     assert ce.rule_scaling("llama3", 2.0, 64)["original_max_position_embeddings"] == 64
-    assert ce.rules_for(ce.ROWS["qk"], ce.RULES) == list(ce.RULES)
-    assert ce.rules_for(ce.ROWS["vo"], ("none", "yarn")) == ["none", "yarn"]
-    for row in ("nope", "freqs", "commuting"):
-        assert ce.rules_for(ce.ROWS[row], ce.RULES) == ["none"]
+
+
+def test_rows_are_the_configs_rows_and_the_learned_axis(tmp_path):
+    """k comes from configs/lm.py's sweep, freqs from the experiment's own axis; a fixed
+    rotation takes every rule, NoPE and a learned one `none` only."""
+    cases, meta = ce.make_plan(_args(tmp_path, "--rows=qk,k,vo,nope,freqs"))
+    rules = {row: sorted({c.rule for c in cases if c.row == row}) for row in meta["rows"]}
+    assert rules["qk"] == rules["k"] == rules["vo"] == sorted(ce.RULES)
+    assert rules["nope"] == rules["freqs"] == ["none"]
+    k = next(c for c in cases if c.row == "k")
+    assert "--config.model.rope.sites=k" in k.train_flags
+    with pytest.raises(plan.SweepError, match="--rows: unknown qq"):
+        ce.make_plan(_args(tmp_path, "--rows=qk,qq"))
 
 
 def test_plan_lists_each_base_evaluation_and_fine_tune(tmp_path):

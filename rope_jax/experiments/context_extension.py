@@ -5,9 +5,10 @@ without fine-tuning and after a short fine-tune at 4T; held-out loss and passkey
       --workdir=runs/context_extension --out=results/research/context_extension \
       [--rows=qk,vo] [--rules=none,yarn] [--seeds=2] [--finetune_steps=100] [--set k=v,...]
 
-Rows (`ROWS`): rotation sites qk (RoPE), vo, qkvo, NoPE, and the learned rotations
-(freqs, commuting). Rules (`RULES`, docs/maths.md#context-scaling): none (the model as
-trained), linear (position interpolation), dynamic (NTK-aware, at each length), yarn and
+Rows: the rows of --config's `sweep(add)` (configs/lm.py: the rotation sites qk, vo,
+qkvo, k, nope, ...), and this experiment's own axis, the learned rotations (`LEARNED`:
+freqs, commuting, on the qk sites); default `DEFAULT_ROWS`. Rules (`RULES`,
+docs/maths.md#context-scaling): none (the model as trained), linear (position interpolation), dynamic (NTK-aware, at each length), yarn and
 llama3, each with factor f = --factor (4) from L0 = T. A rule applies to a row with a
 fixed rotation; NoPE and the learned rotations have only `none`.
 
@@ -42,14 +43,12 @@ import numpy as np
 from rope_jax import signals
 from rope_jax.experiments import launch, plan, report
 
-ROWS = {
-    "qk": {"model.rope.sites": "qk"},
-    "vo": {"model.rope.sites": "vo"},
-    "qkvo": {"model.rope.sites": "qkvo"},
-    "nope": {"model.rope.sites": ""},
+# The experiment's own axis beside the config's rows: RoPE's rotation learned.
+LEARNED = {
     "freqs": {"model.rope.sites": "qk", "model.rope.learned": "freqs"},
     "commuting": {"model.rope.sites": "qk", "model.rope.learned": "commuting"},
 }
+DEFAULT_ROWS = ("qk", "vo", "qkvo", "nope", *LEARNED)
 RULES = ("none", "linear", "dynamic", "yarn", "llama3")
 MULTIPLES = (1, 2, 4, 8)  # evaluation lengths, in units of T
 FINETUNE_MULTIPLE = 4  # fine-tuning length, in units of T
@@ -77,10 +76,20 @@ def rule_scaling(rule: str, factor: float, train_len: int) -> dict | None:
     }[rule]
 
 
-def rules_for(overrides: dict, rules) -> list[str]:
-    """A fixed, non-empty rotation takes every rule; NoPE and learned rotations `none`."""
-    fixed = overrides.get("model.rope.learned", "none") == "none"
-    return list(rules) if fixed and overrides.get("model.rope.sites", "qk") else ["none"]
+def rules_for(config, rules) -> list[str]:
+    """A fixed, non-empty rotation takes every rule; NoPE and learned rotations `none`
+    (`config` the row's resolved config)."""
+    fixed = config.model.rope.learned == "none"
+    return list(rules) if fixed and config.model.rope.sites else ["none"]
+
+
+def rows_of(config_rows: dict) -> dict:
+    """Every row this experiment can run: the config's rows, then `LEARNED`."""
+    clash = sorted(set(config_rows) & set(LEARNED))
+    if clash:
+        raise plan.SweepError(f"--config: its rows {clash} repeat this experiment's own "
+                              f"learned-rotation rows; rename them")  # fmt: skip
+    return {**config_rows, **LEARNED}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +119,8 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--config", default="configs/lm.py:size=tiny")
     p.add_argument("--workdir", required=True)
     p.add_argument("--out", default="", help="results path without extension")
-    p.add_argument("--rows", default=",".join(ROWS))
+    p.add_argument("--rows", default=",".join(DEFAULT_ROWS),
+                   help="rows of --config's sweep(add), or of LEARNED")  # fmt: skip
     p.add_argument("--rules", default=",".join(RULES))
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--factor", type=float, default=float(FINETUNE_MULTIPLE))
@@ -132,15 +142,16 @@ def parse_args(argv) -> argparse.Namespace:
 
 def make_plan(args) -> tuple[list[Case], dict]:
     """Checks everything a user can get wrong, then lists the cases; runs nothing."""
-    rows, rules = plan.pick(args.rows, ROWS, "--rows"), plan.pick(args.rules, RULES, "--rules")
+    path, _, arg = args.config.partition(":")
+    _, base, config_rows = plan.load_rows(path, arg)
+    table = rows_of(config_rows)
+    rows, rules = plan.pick(args.rows, table, "--rows"), plan.pick(args.rules, RULES, "--rules")
     for name, value in (("--seeds", args.seeds), ("--finetune_steps", args.finetune_steps),
                         ("--num_batches", args.num_batches)):  # fmt: skip
         if value < 1:
             raise plan.SweepError(f"{name}={value} must be >= 1")
     if not args.factor > 1:
         raise plan.SweepError(f"--factor={args.factor} must be > 1")
-    path, _, arg = args.config.partition(":")
-    _, base, _ = plan.load_rows(path, arg)
     sets = {"data.passkey_rate": args.passkey_rate, "data.passkey_weight": args.passkey_weight}
     fields, types = plan.leaves(base), plan.field_types(base)
     for key, text in plan.split_sets(args.set):
@@ -159,8 +170,8 @@ def make_plan(args) -> tuple[list[Case], dict]:
     config_arg = os.path.abspath(path) + (f":{arg}" if arg else "")
     cases = []
     for row in rows:
-        overrides = {**sets, **ROWS[row]}
-        config = _check(base, ROWS[row], f"row {row}")
+        overrides = {**sets, **table[row]}
+        config = _check(base, overrides, f"row {row}")
         if tasks and row == rows[0]:  # the tasks fit every length, before anything trains
             _check_tasks(config, tasks, lengths)
         for seed in range(args.seeds):
@@ -168,7 +179,7 @@ def make_plan(args) -> tuple[list[Case], dict]:
             head = (f"--config={config_arg}", f"--config.seed={seed}")
             base_dir = os.path.join(root, "base")
             base_flags = (*head, f"--workdir={base_dir}", *_flags(overrides))
-            for rule in rules_for(ROWS[row], rules):
+            for rule in rules_for(config, rules):
                 scaling = rule_scaling(rule, args.factor, t)
                 cases.append(Case(row, seed, rule, False, base_dir, base_flags,
                                   int(config.train.num_steps), scaling, rule))  # fmt: skip
