@@ -21,6 +21,8 @@ from collections.abc import Mapping
 
 import ml_collections
 
+from rope_jax import scaling
+
 # The tiny decoder (LLaMA-like: RMSNorm, SwiGLU, grouped-query attention): the shape of
 # `config()`; `configs/common.SIZES` holds the other presets.
 SHAPE = dict(num_layers=2, embed_dim=128, num_heads=4, num_kv_heads=2, head_dim=32,
@@ -169,19 +171,8 @@ def model(shape: dict = SHAPE) -> ml_collections.ConfigDict:
     model.rope.scaling = ml_collections.ConfigDict()
     # rope_type: default | linear | dynamic | yarn | longrope | llama3 | proportional
     model.rope.scaling.rope_type = "default"  # the rule; default = plain RoPE
-    model.rope.scaling.factor = _placeholder(float)  # f, context extension factor (>= 1)
-    model.rope.scaling.partial_rotary_factor = _placeholder(float)  # rotated share of H; None = 1
-    model.rope.scaling.original_max_position_embeddings = _placeholder(int)  # L0; None = L
-    model.rope.scaling.attention_factor = _placeholder(float)  # logit factor (yarn, longrope)
-    model.rope.scaling.beta_fast = _placeholder(float)  # yarn: turns kept as they are (32)
-    model.rope.scaling.beta_slow = _placeholder(float)  # yarn: turns fully interpolated (1)
-    model.rope.scaling.mscale = _placeholder(float)  # yarn: attention factor numerator scale
-    model.rope.scaling.mscale_all_dim = _placeholder(float)  # yarn: ... denominator scale
-    model.rope.scaling.truncate = _placeholder(bool)  # yarn: round the ramp ends (True)
-    model.rope.scaling.short_factor = _placeholder(tuple)  # longrope: P' rescales, T <= L0
-    model.rope.scaling.long_factor = _placeholder(tuple)  # longrope: P' rescales, T > L0
-    model.rope.scaling.low_freq_factor = _placeholder(float)  # llama3: wavelengths > L0/low
-    model.rope.scaling.high_freq_factor = _placeholder(float)  # llama3: wavelengths < L0/high
+    for key, spec in scaling.KEYS.items():  # one typed None per other key: f (factor),
+        model.rope.scaling[key] = _placeholder(spec.kind)  # L0, yarn's betas ... (`scaling.KEYS`)
     model.rope.max_position_embeddings = _placeholder(int)  # L; None = the training seq_len
     model.rope.nope_every = 0  # k > 0: layers k-1, 2k-1, ... have no rotation (Llama 4)
     model.rope.local_base = _placeholder(float)  # base of the non-global layers (Gemma 3)

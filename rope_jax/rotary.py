@@ -52,13 +52,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rope_jax.scaling import RULES as SCALING_RULES
 from rope_jax.scaling import check_scaling, scaled_frequencies  # noqa: F401 (the public API)
 
-LADDERS = ("standard", "per_axis")
 # Scaling rules whose frequencies depend on the current length (`seq_len`).
-LENGTH_RULES = ("dynamic", "longrope")
 LAYOUTS = ("half", "interleaved")
-# ALLOCATIONS (name -> rule placing the pairs on the axes) is defined with its rules below.
+# ALLOCATIONS (name -> rule placing the pairs on the axes) and LADDERS (name -> the
+# frequency exponents) are defined with their rules below.
 
 
 # ------------------------------------------------------------------------ the spec
@@ -286,16 +286,28 @@ def _axes(head_dim: int, num_axes: int, spec: RopeSpec, pairs: int | None = None
     return axes
 
 
-def _frequencies(head_dim: int, num_axes: int, spec: RopeSpec) -> np.ndarray:
+def _standard_exponents(head_dim: int, num_axes: int, spec: RopeSpec) -> np.ndarray:
+    """2i / H for pair i: one geometric ladder over all P pairs."""
     pairs = head_dim // 2
-    if spec.ladder == "standard":
-        exponent = np.arange(pairs, dtype=np.float64) / pairs
-    else:
-        axes = _axes(head_dim, num_axes, spec)
-        exponent = np.zeros(pairs, dtype=np.float64)
-        for a in range(num_axes):
-            idx = np.flatnonzero(axes == a)
-            exponent[idx] = np.arange(idx.size) / max(idx.size, 1)
+    return np.arange(pairs, dtype=np.float64) / pairs
+
+
+def _per_axis_exponents(head_dim: int, num_axes: int, spec: RopeSpec) -> np.ndarray:
+    """j / P_a for the j-th pair of axis a (P_a pairs): each axis its own whole ladder."""
+    axes = _axes(head_dim, num_axes, spec)
+    exponent = np.zeros(head_dim // 2, dtype=np.float64)
+    for a in range(num_axes):
+        idx = np.flatnonzero(axes == a)
+        exponent[idx] = np.arange(idx.size) / max(idx.size, 1)
+    return exponent
+
+
+# ladder name -> (head_dim, num_axes, spec) -> float64 [P] exponents e_i, theta_i = base ** -e_i
+LADDERS = {"standard": _standard_exponents, "per_axis": _per_axis_exponents}
+
+
+def _frequencies(head_dim: int, num_axes: int, spec: RopeSpec) -> np.ndarray:
+    exponent = LADDERS[spec.ladder](head_dim, num_axes, spec)
     return (spec.base**-exponent).astype(np.float32)
 
 
@@ -324,8 +336,8 @@ def _pair_table(
 
 
 def _length(spec: RopeSpec, seq_len) -> int | None:
-    """seq_len as a cache key: kept only for the rules that read it (LENGTH_RULES)."""
-    if spec.rope_type not in LENGTH_RULES or seq_len is None:
+    """seq_len as a cache key: kept only for the rules that read it (`Rule.reads_length`)."""
+    if not SCALING_RULES[spec.rope_type].reads_length or seq_len is None:
         return None
     if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
         raise ValueError(f"seq_len={seq_len!r} must be a positive integer (a static length)")

@@ -43,6 +43,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from numbers import Integral, Real
+from typing import NamedTuple
 
 import numpy as np
 
@@ -51,13 +52,15 @@ BASE_KEYS = "rope_type partial_rotary_factor"  # every rule takes these
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-    """One context-scaling rule, whole: its frequencies and every fact about its keys."""
+    """One context-scaling rule, whole: its frequencies, whether they depend on the current
+    length T (then a table is made per length), and every fact about its keys."""
 
     frequencies: Callable[..., tuple[np.ndarray, float]]  # (params, *, dim, base, max_pos, seq_len)
     keys: str = ""  # the keys it takes besides BASE_KEYS
     required: tuple[str, ...] = ()
     defaults: Mapping = dataclasses.field(default_factory=dict)
     check: Callable[[dict], None] | None = None  # relations between its keys
+    reads_length: bool = False  # its frequencies change with seq_len
 
     @property
     def allowed(self) -> frozenset[str]:
@@ -76,23 +79,48 @@ def _factor_list(v) -> bool:
     return isinstance(v, Sequence) and not isinstance(v, str) and all(_real(x) and x > 0 for x in v)
 
 
-_POSITIVE = (lambda v: _real(v) and v > 0, "a number > 0")
-_FACTORS = (_factor_list, "a list of numbers > 0")
-# key -> (is the value allowed, what is allowed in words)
-_VALUES: dict[str, tuple[Callable[[object], bool], str]] = {
-    "factor": (lambda v: _real(v) and v >= 1, "a number >= 1"),
-    "partial_rotary_factor": (lambda v: _real(v) and 0 <= v <= 1, "a number in [0, 1]"),
-    "original_max_position_embeddings": (_pos_int, "a positive integer"),
-    "truncate": (lambda v: isinstance(v, bool), "True or False"),
-    "mscale": (_real, "a finite number"),
-    "mscale_all_dim": (_real, "a finite number"),
-    "short_factor": _FACTORS,
-    "long_factor": _FACTORS,
-    **dict.fromkeys(
-        ("attention_factor", "beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor"),
-        _POSITIVE,
-    ),
-}
+class Key(NamedTuple):
+    """One HF `rope_parameters` key: the config field's type, which values it takes (a
+    test, and the same in words), and what it means (the config's comment)."""
+
+    kind: type
+    ok: Callable[[object], bool]
+    allowed: str
+    means: str
+
+
+def _positive(means: str) -> Key:
+    return Key(float, lambda v: _real(v) and v > 0, "a number > 0", means)
+
+
+def _factors(means: str) -> Key:
+    return Key(tuple, _factor_list, "a list of numbers > 0", means)
+
+
+def _finite(means: str) -> Key:
+    return Key(float, _real, "a finite number", means)
+
+
+# Every key a rule may take besides rope_type: defaults.py makes one typed None config
+# field of each (`model.rope.scaling.<key>`), commented by `means`.
+KEYS: dict[str, Key] = {
+    "factor": Key(float, lambda v: _real(v) and v >= 1, "a number >= 1",
+                  "f, context extension factor (>= 1)"),
+    "partial_rotary_factor": Key(float, lambda v: _real(v) and 0 <= v <= 1, "a number in [0, 1]",
+                                 "rotated share of H; None = 1"),
+    "original_max_position_embeddings": Key(int, _pos_int, "a positive integer", "L0; None = L"),
+    "attention_factor": _positive("logit factor (yarn, longrope)"),
+    "beta_fast": _positive("yarn: turns kept as they are (32)"),
+    "beta_slow": _positive("yarn: turns fully interpolated (1)"),
+    "mscale": _finite("yarn: attention factor numerator scale"),
+    "mscale_all_dim": _finite("yarn: ... denominator scale"),
+    "truncate": Key(bool, lambda v: isinstance(v, bool), "True or False",
+                    "yarn: round the ramp ends (True)"),
+    "short_factor": _factors("longrope: P' rescales, T <= L0"),
+    "long_factor": _factors("longrope: P' rescales, T > L0"),
+    "low_freq_factor": _positive("llama3: wavelengths > L0/low"),
+    "high_freq_factor": _positive("llama3: wavelengths < L0/high"),
+}  # fmt: skip
 
 
 def _bad(key: str, value, rope_type: str, allowed: str) -> ValueError:
@@ -167,7 +195,8 @@ def check_scaling(
         if key not in params:
             raise ValueError(f"scaling is missing required key {key!r} for rope_type={rope_type!r}")
     for key, value in params.items():
-        ok, words = _VALUES.get(key, (bool, ""))  # rope_type is already checked
+        key_spec = KEYS.get(key)  # rope_type is already checked
+        ok, words = (key_spec.ok, key_spec.allowed) if key_spec else (bool, "")
         if not ok(value):
             raise _bad(key, value, rope_type, words)
     params = {"partial_rotary_factor": 1.0, **rule.defaults, **params}
@@ -292,7 +321,7 @@ def _proportional(params, *, dim, base, max_pos, seq_len):
 RULES: dict[str, Rule] = {
     "default": Rule(_linear),
     "linear": Rule(_linear, "factor", required=("factor",)),
-    "dynamic": Rule(_dynamic, "factor", required=("factor",)),
+    "dynamic": Rule(_dynamic, "factor", required=("factor",), reads_length=True),
     "yarn": Rule(
         _yarn,
         "factor original_max_position_embeddings attention_factor beta_fast beta_slow mscale"
@@ -304,6 +333,7 @@ RULES: dict[str, Rule] = {
         _longrope,
         "factor original_max_position_embeddings attention_factor short_factor long_factor",
         required=("short_factor", "long_factor"),
+        reads_length=True,
     ),
     "llama3": Rule(
         _llama3,

@@ -421,3 +421,32 @@ def test_bad_input_is_one_line_value_error_naming_the_key(cfg, kwargs, key):
         scaling.scaled_frequencies(kwargs.pop("head_dim"), scaling=cfg, **kwargs)
     msg = str(err.value)
     assert key in msg and "\n" not in msg, msg
+
+
+SAMPLE_PARAMS = {  # one valid setting of each rule, for the facts every rule declares
+    "default": {},
+    "linear": {"factor": 4.0},
+    "dynamic": {"factor": 4.0},
+    "yarn": {"factor": 4.0},
+    "longrope": {"short_factor": [1.0] * 8, "long_factor": [1.0 + i for i in range(8)]},
+    "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+    "proportional": {"factor": 2.0},
+}
+
+
+def test_every_key_is_a_typed_config_field_and_reads_length_is_what_the_tables_do():
+    """defaults.py makes its fields from KEYS (a new key needs no second declaration), and
+    a rule says it reads the length exactly when its table changes with the length."""
+    from rope_jax import defaults
+
+    taken = {k for rule in scaling.RULES.values() for k in rule.allowed} - {"rope_type"}
+    assert taken == set(scaling.KEYS)
+    fields = defaults.config().model.rope.scaling
+    assert set(fields) == {"rope_type", *scaling.KEYS}
+    assert all(fields[k] is None for k in scaling.KEYS)
+    assert set(SAMPLE_PARAMS) == set(scaling.RULES)
+    for name, rule in scaling.RULES.items():
+        tables = [scaling.scaled_frequencies(16, base=10000.0, max_position_embeddings=64,
+                                             scaling={"rope_type": name, **SAMPLE_PARAMS[name]},
+                                             seq_len=n)[0] for n in (64, 512)]  # fmt: skip
+        assert (not np.array_equal(*tables)) == rule.reads_length, name
