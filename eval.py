@@ -37,7 +37,7 @@ with --temperature > 0), decoded with a key/value cache, up to the first EOS; un
 --rope_scaling a continuation past the training length decodes with that rule.
 With --hf, a Hugging Face model directory is first imported into --workdir as a run at
 step 0 (once; `rope_jax.hf`, docs/hf.md), whose data, eval and mesh sections come from
---config (default configs/lm.py) and whose tokenizer is the model's tokenizer.json.
+--config (default: the defaults, configs/lm.py's) and whose tokenizer is the model's tokenizer.json.
 A long evaluation prints a progress line on stderr every --progress_s seconds. Ctrl-C
 or SIGTERM stops it at once: one line on stderr, exit status 130 or 143; a result file
 is written only when every length and split is scored, so none is left half-written.
@@ -68,6 +68,7 @@ from rope_jax.harness.evaluate import (
     parse_rope_scaling,
     parse_seq_lens,
 )
+from rope_jax.hf import run as hf_run
 
 FLAGS = flags.FLAGS
 
@@ -124,7 +125,9 @@ def define_flags():
         "hf", None, "A Hugging Face model directory, imported into --workdir first."
     )
     config_flags.DEFINE_config_file(
-        "config", None, "With --hf: the run config giving data/eval/mesh; default configs/lm.py."
+        "config",
+        None,
+        "With --hf: the run config giving data/eval/mesh; default: the defaults (configs/lm.py's).",
     )
     distributed.define_flags()
 
@@ -205,9 +208,8 @@ def asked_tasks() -> tuple[tuple[str, ...] | None, int | None]:
 
 def _run(progress, rope_scaling):
     if FLAGS.hf:
-        from rope_jax.hf import run as hf_run
-
-        console.say(hf_run.import_run(FLAGS.hf, FLAGS.workdir, FLAGS.config or _lm_config()))
+        config = FLAGS.config or hf_run.default_config()
+        console.say(hf_run.import_run(FLAGS.hf, FLAGS.workdir, config))
     if FLAGS.generate:
         generate_text(
             FLAGS.workdir,
@@ -250,12 +252,6 @@ def _run(progress, rope_scaling):
         data_dir=FLAGS.data_dir,
         progress=progress,
     )
-
-
-def _lm_config():
-    from configs import lm  # the default config of --hf (eval.py runs from the repo root)
-
-    return lm.get_config()
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from ml_collections import config_flags
 
 from rope_jax.harness import cli, console, cpuspeed, distributed
 from rope_jax.harness.loop import NonFiniteLoss, print_dry_run, train_and_evaluate
+from rope_jax.hf import run as hf_run
 
 FLAGS = flags.FLAGS
 
@@ -66,12 +67,13 @@ def main(argv):
         console.warn(line)  # once, before anything compiles: bf16 measured slower here
     try:
         if FLAGS.dry_run:
-            print_dry_run(config)
+            print_dry_run(config, sources=hf_run.SOURCES)
             return
         if not FLAGS.workdir:
             cli.fail("--workdir is required", cli.USAGE_ERROR)
         train_and_evaluate(config, FLAGS.workdir, fallback=FLAGS.fallback,
-                           allow_config_change=FLAGS.allow_config_change)  # fmt: skip
+                           allow_config_change=FLAGS.allow_config_change,
+                           sources=hf_run.SOURCES)  # init_from=hf:DIR  # fmt: skip
     except (ValueError, NonFiniteLoss) as e:
         cli.fail(e)
     except jax.errors.JaxRuntimeError as e:

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 
-from rope_jax import signals  # standard library only, as this module
+from rope_jax import __version__, signals  # standard library only, as this module
 
 FILE = "provenance.jsonl"
 STAMP = "CODE_VERSION.json"  # a copied tree's commit (`stamp`), beside the package
@@ -64,8 +64,6 @@ def code_version() -> dict:
 
 
 def _code_version() -> dict:
-    from rope_jax import __version__
-
     top = _git("rev-parse", "--show-toplevel")
     commit = None
     if top and os.path.realpath(top) == os.path.realpath(_ROOT):

@@ -24,9 +24,10 @@ from safetensors.numpy import save_file
 
 from configs import common, lm
 from rope_jax import harness, hf
-from rope_jax.harness import checksums, metrics, runfiles
+from rope_jax.harness import checksums, metrics, runfiles, transfer
 from rope_jax.hf import config as hf_config
 from rope_jax.hf import convert, weights
+from rope_jax.hf import run as hf_run
 from rope_jax.nn import generate
 from rope_jax.nn import model as model_lib
 
@@ -570,8 +571,6 @@ def test_export_of_a_run_hf_cannot_express_is_one_line(tmp_path):
 def test_an_export_into_the_run_or_where_nothing_can_be_written_stops_before_restoring(tmp_path):
     """--out=the workdir would, with --overwrite, replace the run's config.json by HF's;
     an --out that cannot be written is named before the checkpoint is restored."""
-    from rope_jax.hf import run as hf_run
-
     workdir = str(tmp_path / "run")
     os.makedirs(workdir)
     runfiles.save_config(workdir, lm.get_config())  # no checkpoint: neither restores
@@ -601,7 +600,6 @@ def test_a_second_import_into_a_workdir_being_imported_is_refused(tmp_path):
     """Two `eval.py --hf` into one new workdir at once both wrote checkpoint step 0 and
     both failed (`saving checkpoint step 0 ... failed`), leaving nothing usable."""
     from rope_jax.harness import workdir as workdir_lib
-    from rope_jax.hf import run as hf_run
 
     workdir = str(tmp_path / "m")
     with workdir_lib.Lock(workdir):  # the first import, under way
@@ -610,21 +608,38 @@ def test_a_second_import_into_a_workdir_being_imported_is_refused(tmp_path):
     assert not os.path.exists(os.path.join(workdir, "checkpoints"))
 
 
+def test_the_harness_reads_hf_dir_through_the_sources_it_is_given():
+    """`hf.run.SOURCES`, as train.py passes them: the run takes DIR's architecture and
+    DIR's arrays by name."""
+    config = lm.get_config()
+    config.train.init_from = f"hf:{fixture('llama')}"
+    adopted = transfer.prepare(config, hf_run.SOURCES)
+    assert (adopted.model.embed_dim, adopted.model.head_dim) == (48, 16)
+    step, arrays = transfer.source_params(config.train.init_from, hf_run.SOURCES)
+    shapes = convert.param_shapes(adopted.model)
+    assert step is None and {k: v.shape for k, v in arrays.items()} == shapes
+
+
+def test_an_import_takes_the_defaults_that_configs_lm_gives_without_an_arg():
+    """`python -m rope_jax.hf import` and `eval.py --hf` without --config: the library's
+    defaults, never configs/ (which the library does not import)."""
+    assert hf_run.default_config().to_dict() == lm.get_config().to_dict()
+
+
 @pytest.mark.slow
 def test_an_imported_workdir_trains_on_as_a_run_started_from_the_model(data_dir, tmp_path):
     """`eval.py --hf`'s import (step 0, no data position: nothing was read) trained on
     from its saved config (`configs/saved.py`) is the run `init_from=hf:DIR` trains; it
     used to stop with KeyError: 'data'."""
-    from rope_jax.hf import run as hf_run
-
     directory = fixture("llama")
     config = small_run(data_dir, **{"optim.warmup_steps": 1})
     imported = str(tmp_path / "imported")
     hf_run.import_run(directory, imported, config)
-    harness.train_and_evaluate(runfiles.load_config(imported), imported)
+    harness.train_and_evaluate(runfiles.load_config(imported), imported, sources=hf_run.SOURCES)
     fresh = str(tmp_path / "fresh")
     harness.train_and_evaluate(small_run(data_dir, **{"train.init_from": f"hf:{directory}",
-                                                      "optim.warmup_steps": 1}), fresh)  # fmt: skip
+                                                      "optim.warmup_steps": 1}), fresh,
+                               sources=hf_run.SOURCES)  # fmt: skip
     losses = [[r["loss"] for r in metrics.read_jsonl(w) if "loss" in r] for w in (imported, fresh)]
     assert len(losses[0]) == 2 and losses[0] == losses[1]
 
@@ -637,7 +652,7 @@ def test_a_run_trains_from_an_hf_checkpoint_and_exports_back(data_dir, tmp_path)
     config = small_run(data_dir, **{"train.init_from": f"hf:{directory}",
                                     "optim.warmup_steps": 1})  # fmt: skip
     workdir = str(tmp_path / "run")
-    harness.train_and_evaluate(config, workdir)
+    harness.train_and_evaluate(config, workdir, sources=hf_run.SOURCES)
     saved = runfiles.load_config(workdir)
     assert (saved.model.embed_dim, saved.model.head_dim, saved.model.vocab_size) == (48, 16, 288)
     assert saved.model.norm_eps == 1e-5 and saved.model.rope.scaling.rope_type == "llama3"
@@ -645,9 +660,8 @@ def test_a_run_trains_from_an_hf_checkpoint_and_exports_back(data_dir, tmp_path)
     assert runfiles.load_tokenizer(workdir).vocab_size == 288
     losses = [r["loss"] for r in metrics.read_jsonl(workdir) if "loss" in r]
     assert len(losses) == 2 and all(np.isfinite(losses))
-    from rope_jax.harness import transfer  # the trained weights start at the HF ones
-
-    _, source = transfer.source_params(f"hf:{directory}")
+    # the trained weights start at the HF ones
+    _, source = transfer.source_params(f"hf:{directory}", hf_run.SOURCES)
     _, trained = transfer.source_params(workdir)
     moved = [max_diff(source[k], np.asarray(v)) for k, v in _named(trained).items()]
     assert 0 < max(moved) < 0.1  # two small steps away from the HF weights
@@ -669,7 +683,6 @@ def test_a_byte_level_run_exports_a_tokenizer_that_reimports(data_dir, tmp_path)
     exports: the directory's tokenizer.json gives the run's byte ids, and the import
     holds the run's logits."""
     from rope_jax.data import tokenizers
-    from rope_jax.hf import run as hf_run
 
     workdir = str(tmp_path / "run")
     harness.train_and_evaluate(small_run(data_dir, **{"optim.warmup_steps": 1}), workdir)
@@ -688,8 +701,6 @@ def test_a_byte_level_run_exports_a_tokenizer_that_reimports(data_dir, tmp_path)
 
 
 def checkpoint_params(workdir: str):
-    from rope_jax.harness import transfer
-
     return transfer.source_params(workdir)
 
 
@@ -748,8 +759,6 @@ def test_eval_py_decodes_a_sliding_window_model_as_transformers(data_dir, tmp_pa
 def test_a_window_not_below_the_runs_length_is_named_before_anything_is_written(tmp_path):
     """A run's window must be below data.seq_len (the decoder's rule): for an imported
     checkpoint the line says to raise the length, not to drop the window."""
-    from rope_jax.hf import run as hf_run
-
     config = lm.get_config()
     config.data.seq_len = 8
     with pytest.raises(hf.HFError, match=r"sliding_window=8 is not below data\.seq_len=8, .* "

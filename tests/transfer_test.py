@@ -33,6 +33,15 @@ def test_parse_and_a_workdir_without_a_run_is_one_line(tmp_path):
         transfer.check(str(tmp_path))
 
 
+def test_an_hf_source_without_its_reader_is_one_line():
+    """The harness imports nothing of `rope_jax.hf`: hf:DIR is read through the sources its
+    caller passes (train.py: `hf.run.SOURCES`); without them, one line says so."""
+    config = lm.get_config()
+    config.train.init_from = "hf:some/model"
+    with pytest.raises(transfer.TransferError, match="no reader of hf: sources was given"):
+        transfer.prepare(config)
+
+
 @pytest.mark.slow
 def test_a_digit_grid_run_starts_from_a_text_model(data_dir, tmp_path):
     text = lm.get_config("size=tiny")

@@ -108,8 +108,6 @@ def provenance_of(workdirs, launched_on: str | None = None) -> dict:
     recorded in their provenance.jsonl, each once, in the order met (a run from before
     runs recorded them: "not recorded"); `launched_on` (how a launcher ran them, e.g.
     SLURM) first. With no device recorded: this process's devices."""
-    from rope_jax import provenance
-
     code = [c for w in workdirs for c in provenance.seen(w, "code") or ["not recorded"]]
     devices = [d for w in workdirs for d in provenance.seen(w, "devices")]
     device = "; ".join(filter(None, (launched_on, ", ".join(dict.fromkeys(devices)))))
@@ -428,7 +426,6 @@ def plot_splits(report: dict, path: str) -> None:
 
 def collect(run: Job) -> dict:
     """One run's numbers: final eval losses per length and its metric curves."""
-    from rope_jax import provenance
     from rope_jax.harness import metrics  # imports jax: not at the sweep's start
 
     with open(os.path.join(run.workdir, f"eval_{run.final_step}.json")) as f:

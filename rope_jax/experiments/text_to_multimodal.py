@@ -27,9 +27,13 @@ import os
 import shlex
 import sys
 
-from rope_jax import signals
+import jax
+
+from rope_jax import data, sharding, signals
 from rope_jax.experiments import launch, plan, report
-from rope_jax.harness import runfiles
+from rope_jax.harness import checks, console, runfiles, setup, transfer
+from rope_jax.harness import workdir as workdir_lib
+from rope_jax.harness.evaluate import evaluate_checkpoint
 
 ROOT = plan.ROOT
 LAYOUTS = ("nope", "flat", "mrope", "rope_tie", "rope_tie_frac", "rope_tv")
@@ -92,8 +96,6 @@ def _check(text_config: str, args, sets, rows, mm_config: str) -> None:
     """Builds every config the plan will run and checks it (one line on a bad value)."""
     from ml_collections import config_flags  # noqa: F401 (the flag syntax the runs use)
 
-    from rope_jax.harness import checks
-
     for path in [text_config, *(mm_config.format(r) for r in rows)]:
         file, _, arg = path.partition(":")
         _, config, _ = plan.load_rows(file, arg)
@@ -133,10 +135,6 @@ def _evaluated(workdir: str, step: int, row: str) -> bool:
 def _evaluate(workdir: str, step: int, text_dir: str, text_batches: int) -> None:
     """Held-out splits (eval_<step>.json), then held-out Shakespeare with the text LM's
     config and these parameters (eval_<step>_text.json)."""
-    from rope_jax.harness import console
-    from rope_jax.harness import workdir as workdir_lib
-    from rope_jax.harness.evaluate import evaluate_checkpoint
-
     with console.into_log(os.path.join(workdir, "eval.log")):
         evaluate_checkpoint(workdir, step=step, overwrite=True)
         result = text_loss(workdir, step, text_dir, text_batches)
@@ -146,11 +144,6 @@ def _evaluate(workdir: str, step: int, text_dir: str, text_batches: int) -> None
 def text_loss(workdir: str, step: int, text_dir: str, num_batches: int) -> dict:
     """Held-out Shakespeare metrics of the multimodal run's parameters, placed into the
     text LM's model (the patch embedding has no place there; rotations have no weights)."""
-    import jax
-
-    from rope_jax import data, sharding
-    from rope_jax.harness import setup, transfer
-
     config = runfiles.load_config(text_dir)
     run = setup.build(config)
     with sharding.use_mesh(run.mesh, run.rules):

@@ -26,6 +26,7 @@ import numpy as np
 
 from rope_jax import provenance
 from rope_jax.harness import workdir
+from rope_jax.nn import products
 
 SHAPE = (1024, 512, 512)  # M, K, N: 0.54 GFLOP a product, a few ms in either dtype
 REPEATS = 10
@@ -55,8 +56,6 @@ def cpu_key() -> str:
 
 def measure(shape: tuple[int, int, int] = SHAPE, repeats: int = REPEATS) -> dict:
     """GFLOP/s of one jitted product in bfloat16 (float32 result) and in float32."""
-    from rope_jax.nn import products
-
     m, k, n = shape
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((m, k), np.float32), rng.standard_normal((k, n), np.float32)

@@ -28,6 +28,7 @@ import numpy as np
 
 from rope_jax.harness import setup
 from rope_jax.harness.workdir import format_bytes
+from rope_jax.nn import model as model_lib  # the decoding cache's owner
 
 MEMINFO = "/proc/meminfo"
 
@@ -71,12 +72,10 @@ def eval_needs(run, config, seq_len: int) -> dict[str, int]:
 
 def generate_needs(run, config, prompt_len: int, max_new_tokens: int) -> dict[str, int]:
     """The lower bound of decoding one prompt: the state and the cache of every token."""
-    from rope_jax.nn import model  # the cache's owner
-
     length = prompt_len + max_new_tokens
     return {
         "state": _state(run),
-        "cache": model.kv_cache_bytes_per_token(config.model) * length,  # init_cache's
+        "cache": model_lib.kv_cache_bytes_per_token(config.model) * length,  # init_cache's
     }
 
 

@@ -58,11 +58,12 @@ class NonFiniteLoss(RuntimeError):
     """The loss became NaN/inf; the message names the step and the last good checkpoint."""
 
 
-def print_dry_run(config) -> dict:
-    """Prints the run's sizes, memory and cost plan (process 0 of several)."""
+def print_dry_run(config, *, sources: transfer.Sources | None = None) -> dict:
+    """Prints the run's sizes, memory and cost plan (process 0 of several); `sources` as
+    in `train_and_evaluate`."""
     # init_from=hf:DIR: the checkpoint's architecture; then filled, checked and frozen once,
     # with the data's vocabulary (the plan's FLOPs count its head)
-    config = checks.settle_vocab(transfer.prepare(config))
+    config = checks.settle_vocab(transfer.prepare(config, sources))
     report = setup.dry_run(config)
     gib = 2.0**30
     lines = [f"parameters: {report['parameters']:,}  devices: {report['devices']}  "
@@ -79,7 +80,8 @@ def print_dry_run(config) -> dict:
 
 
 def train_and_evaluate(config, workdir: str, *, fallback: bool = False,
-                       allow_config_change: bool = False) -> dict | None:  # fmt: skip
+                       allow_config_change: bool = False,
+                       sources: transfer.Sources | None = None) -> dict | None:  # fmt: skip
     """Trains (or resumes) `config` in `workdir`; returns the final eval metrics.
 
     Args:
@@ -88,9 +90,11 @@ def train_and_evaluate(config, workdir: str, *, fallback: bool = False,
       allow_config_change: resume although a field that changes what the checkpoints
         mean (`resume.RESUME_FIELDS`) differs from config.json; the old config is
         kept as config.<step>.json.
+      sources: the readers of `train.init_from` values other than a workdir, by prefix
+        (`transfer.Source`): train.py passes `rope_jax.hf.run.SOURCES` (hf:DIR).
     """
     # init_from=hf:DIR: the checkpoint's architecture; then filled, checked and frozen, once
-    config = checks.resolve(transfer.prepare(config))
+    config = checks.resolve(transfer.prepare(config, sources))
     console.say(_headline(config, workdir))
     lock = workdir_lib.Lock(workdir, enabled=jax.process_index() == 0)
     with lock, Interrupts() as stop:
@@ -98,7 +102,7 @@ def train_and_evaluate(config, workdir: str, *, fallback: bool = False,
             console.warn("took over the lock of a run that is gone "
                          f"({workdir_lib.describe_holder(lock.stale)})")  # fmt: skip
         try:
-            return _train(config, workdir, stop, fallback, allow_config_change)
+            return _train(config, workdir, stop, fallback, allow_config_change, sources)
         except OSError as e:
             if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
                 raise workdir_lib.WorkdirError(
@@ -108,10 +112,10 @@ def train_and_evaluate(config, workdir: str, *, fallback: bool = False,
             raise
 
 
-def _train(config, workdir, stop, fallback, allow_config_change):
+def _train(config, workdir, stop, fallback, allow_config_change, sources):
     workdir_lib.check_writable(workdir)
     if config.train.init_from:
-        transfer.check(config.train.init_from)
+        transfer.check(config.train.init_from, sources)
     distributed.process_0_first(data.ensure_built, config.data)  # no concurrent builds
     config = checks.settle_vocab(config)  # model.vocab_size from the data's tokenizer
     run = setup.build(config)
@@ -132,7 +136,8 @@ def _train(config, workdir, stop, fallback, allow_config_change):
     session = _Session(config, run, workdir, ckpt, stop, changes)
     try:
         with sharding.use_mesh(run.mesh, run.rules):
-            state, start = _restore_or_init(run, ckpt, train_iter, fallback, config.train.init_from)
+            state, start = _restore_or_init(run, ckpt, train_iter, fallback,
+                                            config.train.init_from, sources)  # fmt: skip
             if start:
                 session.begin(start)
             batches = feed.Prefetch(train_iter, run.batch_sharding)  # placed ahead
@@ -148,10 +153,10 @@ def _train(config, workdir, stop, fallback, allow_config_change):
     return result
 
 
-def _restore_or_init(run, ckpt, train_iter, fallback, init_from=""):
+def _restore_or_init(run, ckpt, train_iter, fallback, init_from="", sources=None):
     """(state, step): the newest checkpoint (or with `fallback`, the newest intact one,
     the damaged ones moved aside), or a fresh state at step 0 (with `init_from`, holding
-    that run's matching parameters: `transfer`)."""
+    that run's matching parameters, read with `sources`: `transfer`)."""
     for name, size in ckpt.remove_unfinished():  # a save killed part way: never read
         console.say(f"removed {name} in {ckpt.directory}, left by a save that was "
                     f"interrupted ({workdir_lib.format_bytes(size)})")  # fmt: skip
@@ -159,7 +164,7 @@ def _restore_or_init(run, ckpt, train_iter, fallback, init_from=""):
     if not steps:
         state = jax.jit(run.init_fn, out_shardings=run.shardings)()
         if init_from:
-            state, line = transfer.apply(state, init_from)
+            state, line = transfer.apply(state, init_from, sources)
             console.say(line)
         checkpoint.collect_garbage()  # the initialisation's garbage: gigabytes at 1b
         return state, 0

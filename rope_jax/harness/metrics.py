@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rope_jax.harness import workdir as workdir_lib
+
 
 def token_losses(logits, targets, weights):
     """Summed cross-entropy and weight over a batch.
@@ -184,8 +186,6 @@ def truncate_after(workdir: str, step: int) -> list[dict] | None:
     line cut short by a kill) and, if any went or nothing was restored (`step` 0), the
     TensorBoard event files under <workdir>/tb. Returns the records kept when the event
     files went (to write them again), else None."""
-    from rope_jax.harness import workdir as workdir_lib
-
     path = os.path.join(workdir, "metrics.jsonl")
     lines = []
     if os.path.exists(path):

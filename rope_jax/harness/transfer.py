@@ -12,49 +12,80 @@ no parameters, so a text model's weights serve any position layout: this is how 
 pretrained text LM is carried to interleaved image/video data. A run that resumes from
 its own checkpoint ignores `init_from`.
 
-`hf:DIR` reads DIR's config.json and safetensors (`rope_jax.hf`); the run first takes
-DIR's architecture (`prepare`), so every array loads, and DIR's tokenizer.json as its
-data's tokenizer when `data.tokenizer` is "".
+Other sources are read by the packages that own their format, passed in by the caller
+as `sources` (prefix -> `Source`): `hf:DIR` by `rope_jax.hf.run.SOURCES`, which train.py
+passes, reading DIR's config.json and safetensors. The run first takes the source's
+architecture (`prepare`), so every array loads, and DIR's tokenizer.json as its data's
+tokenizer when `data.tokenizer` is "". The harness imports no such package: they import
+the harness.
 """
 
 from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import jax
 import ml_collections
 
 from rope_jax import defaults
 from rope_jax.harness import checkpoint, checksums, runfiles, setup
+from rope_jax.harness.evaluate import restore, without_corpus
 
-HF_PREFIX = "hf:"  # init_from=hf:DIR, a Hugging Face model directory
+HF_PREFIX = "hf:"  # init_from=hf:DIR, a Hugging Face model directory (`rope_jax.hf.run`)
 
 
 class TransferError(ValueError):
     """An `init_from` that cannot be used (one line)."""
 
 
-def prepare(config):
-    """The run config to train: with `train.init_from=hf:DIR`, a copy holding DIR's
-    architecture (`rope_jax.hf.convert.adopt`); else `config` itself (a resolved config
+class Source(NamedTuple):
+    """A reader of `init_from=<prefix>PATH` values other than a run's workdir."""
+
+    adopt: Callable  # (config, PATH) -> a copy of config holding PATH's architecture
+    read_params: Callable  # PATH -> {parameter name: host array}
+
+
+Sources = Mapping[str, Source]  # prefix ("hf:") -> its reader
+
+
+def _source(spec: str, sources: Sources | None) -> tuple[Source | None, str]:
+    """(the reader of `spec`, the path after its prefix), or (None, spec) for a workdir.
+    A prefix known to need a reader that was not given is one line."""
+    for prefix, source in (sources or {}).items():
+        if spec.startswith(prefix):
+            return source, spec[len(prefix) :]
+    if spec.startswith(HF_PREFIX):
+        raise TransferError(
+            f"train.init_from={spec!r}: no reader of {HF_PREFIX} sources was given (train.py "
+            "passes one; in Python, pass sources=rope_jax.hf.run.SOURCES)"
+        )
+    return None, spec
+
+
+def prepare(config, sources: Sources | None = None):
+    """The run config to train: with `train.init_from` naming a source of `sources`
+    (hf:DIR), a copy holding its architecture; else `config` itself (a resolved config
     has been through here)."""
     if isinstance(config, ml_collections.FrozenConfigDict):
         return config
     spec = defaults.fill(config).train.init_from
-    if not spec.startswith(HF_PREFIX):
+    if not spec:
         return config
-    from rope_jax.hf import convert  # only for hf: sources
-
+    source, path = _source(spec, sources)
+    if source is None:
+        return config
     try:
-        return convert.adopt(config, spec[len(HF_PREFIX) :])
+        return source.adopt(config, path)
     except ValueError as e:
         raise TransferError(f"train.init_from={spec!r}: {e}") from None
 
 
-def check(spec: str) -> None:
-    """A cheap first check, before anything is built: the workdir holds a run (an hf:
+def check(spec: str, sources: Sources | None = None) -> None:
+    """A cheap first check, before anything is built: the workdir holds a run (another
     source was read by `prepare`)."""
-    import os
-
-    if spec.startswith(HF_PREFIX):
+    if _source(spec, sources)[0] is not None:
         return
     workdir, _ = parse(spec)
     if not os.path.isfile(os.path.join(workdir, runfiles.CONFIG_FILE)):
@@ -71,16 +102,13 @@ def parse(spec: str) -> tuple[str, int | None]:
     return workdir, int(step)
 
 
-def source_params(spec: str):
+def source_params(spec: str, sources: Sources | None = None):
     """(step, params) of the run named by `spec`, restored into its own model's shapes
-    (step None and {name: host array} for hf:DIR)."""
-    from rope_jax.harness.evaluate import restore, without_corpus
-
-    if spec.startswith(HF_PREFIX):
-        from rope_jax.hf import convert
-
+    (step None and {name: host array} for a source of `sources`, hf:DIR)."""
+    source, path = _source(spec, sources)
+    if source is not None:
         try:
-            return None, convert.read_params(spec[len(HF_PREFIX) :])[0]
+            return None, source.read_params(path)
         except ValueError as e:
             raise TransferError(f"train.init_from={spec!r}: {e}") from None
     workdir, step = parse(spec)
@@ -113,9 +141,9 @@ def merge(fresh, source) -> tuple[object, list[str], list[str]]:
     return params, loaded, kept
 
 
-def apply(state: dict, spec: str) -> tuple[dict, str]:
+def apply(state: dict, spec: str, sources: Sources | None = None) -> tuple[dict, str]:
     """The fresh `state` with `spec`'s matching parameters; (state, one report line)."""
-    step, source = source_params(spec)
+    step, source = source_params(spec, sources)
     params, loaded, kept = merge(state["params"], source)
     if not loaded:
         raise TransferError(

@@ -14,8 +14,9 @@ positions, sinks or windows with q/k/v biases or q/k norms) is refused with one 
 naming the setting.
 
 import: the HF model directory --hf as a run in --workdir (config.json, tokenizer/, a
-step-0 checkpoint); --config gives its data, eval and mesh sections (default
-configs/lm.py). `eval.py --hf=DIR` does this itself.
+step-0 checkpoint); --config gives its data, eval and mesh sections (default: every
+field at its default, `run.default_config`, as configs/lm.py gives without an arg).
+`eval.py --hf=DIR` does this itself.
 
 A mistake (a missing file, a shape or dtype that does not fit, an unsupported
 architecture or rope type) is one line on stderr, `error: ...`, exit status 1.
@@ -28,6 +29,7 @@ from ml_collections import config_flags
 
 from rope_jax import signals
 from rope_jax.harness import cli, console
+from rope_jax.hf import run
 
 FLAGS = flags.FLAGS
 COMMANDS = ("export", "import")
@@ -42,26 +44,16 @@ def define_flags():
     flags.DEFINE_bool("overwrite", False, "export: replace a model already in --out.")
     flags.DEFINE_string("hf", None, "import: the Hugging Face model directory to read.")
     config_flags.DEFINE_config_file(
-        "config", None, "import: the run config giving data/eval/mesh; default configs/lm.py."
+        "config",
+        None,
+        "import: the run config giving data/eval/mesh; default: the defaults (configs/lm.py's).",
     )
-
-
-def default_config():
-    """configs/lm.py's config (the repository's configs are importable from its root)."""
-    try:
-        from configs import lm
-    except ImportError:
-        cli.fail("--config is required outside the repository root, e.g. --config=configs/lm.py",
-                 cli.USAGE_ERROR)  # fmt: skip
-    return lm.get_config()
 
 
 def main(argv):
     signals.release_signals()  # one that came while the modules imported: stops it here
     if len(argv) != 2 or argv[1] not in COMMANDS:
         cli.fail(f"give one command, {' or '.join(COMMANDS)}; got {argv[1:]}", cli.USAGE_ERROR)
-    from rope_jax.hf import run  # after flag parsing: a usage error stays fast
-
     need = {"export": ("workdir", "out"), "import": ("hf", "workdir")}[argv[1]]
     for name in need:
         if not FLAGS[name].value:
@@ -70,7 +62,8 @@ def main(argv):
         if argv[1] == "export":
             run.export_run(FLAGS.workdir, FLAGS.out, step=FLAGS.step, overwrite=FLAGS.overwrite)
         else:
-            console.say(run.import_run(FLAGS.hf, FLAGS.workdir, FLAGS.config or default_config()))
+            config = FLAGS.config or run.default_config()
+            console.say(run.import_run(FLAGS.hf, FLAGS.workdir, config))
     except ValueError as e:  # HFError, CheckpointError, config errors: one line
         cli.fail(e)
     except OSError as e:  # a write that failed part way (a full disk): config.json comes last

@@ -5,7 +5,9 @@
   python -m rope_jax.hf export --workdir=W [--step=S] --out=DIR
 
 A run started from DIR has DIR's architecture (`hf.convert.adopt`): the run config
-keeps its own choices of the rest (sites, dtypes, attention kernel, ...).
+keeps its own choices of the rest (sites, dtypes, attention kernel, ...). The harness
+reads hf:DIR through `SOURCES`, which its caller passes (train.py does): the harness
+imports nothing of this package.
 """
 
 from __future__ import annotations
@@ -14,12 +16,24 @@ import os
 
 import jax
 
-from rope_jax import data, sharding
+from rope_jax import data, defaults, sharding
 from rope_jax.harness import checkpoint, checks, console, distributed, runfiles, setup, transfer
 from rope_jax.harness import workdir as workdir_lib
 from rope_jax.harness.evaluate import restore, without_corpus
 from rope_jax.hf import config as hf_config
 from rope_jax.hf import convert, weights
+
+SOURCES = {
+    transfer.HF_PREFIX: transfer.Source(
+        adopt=convert.adopt, read_params=lambda directory: convert.read_params(directory)[0]
+    )
+}  # train.init_from=hf:DIR, for `harness.train_and_evaluate(..., sources=SOURCES)`
+
+
+def default_config():
+    """The config an import takes its data, eval and mesh sections from when none is
+    given: every field at its default (what configs/lm.py gives without an arg)."""
+    return defaults.config()
 
 
 def import_run(directory: str, workdir: str, config) -> str:
