@@ -35,6 +35,11 @@ ROWS = {
 #                       weights per layer and SwiGLU holds 3*D per unit of mlp_dim, so
 #                       mlp_dim shrinks by round(K*H/3) (totals match within 0.1%).
 #   separate_qk_cache   standard qk at tied_qkvo's cache bytes per token: half the kv heads.
+# and Llama 4's iRoPE (rope_jax/nn/irope.py), rotating qk everywhere but the NoPE layers:
+#   irope               every 4th layer NoPE (the last of 2 in `tiny`): full attention with
+#                       the query temperature; the others rotate interleaved pairs, L2-norm
+#                       q and k and attend in chunks of T/4 tokens (floor_scale = the chunk,
+#                       as Llama 4's 8192 and 8192).
 EXTRA_ROWS = {
     "tied_qkvo": lambda p: {"model.attention.kv": "tied", "model.rope.sites": "qkvo"},
     "separate_qk_params": lambda p: {
@@ -47,6 +52,7 @@ EXTRA_ROWS = {
         "model.rope.sites": "qk",
         "model.num_kv_heads": _half(p["num_kv_heads"]),
     },
+    "irope": lambda p: _irope(p["num_layers"], p["seq_len"] // 4),
 }
 
 # The article's table, for the sweep report (row -> loss).
@@ -61,6 +67,22 @@ ARTICLE_LOSS = {
     "q": 2.851,
     "v": 2.856,
 }
+
+
+def _irope(num_layers: int, chunk: int) -> dict:
+    """The irope row's overrides: NoPE every min(4, L) layers, the others chunked."""
+    every = min(4, num_layers)
+    types = tuple("full" if (i + 1) % every == 0 else "chunked" for i in range(num_layers))
+    return {
+        "model.rope.sites": "qk",
+        "model.rope.layout": "interleaved",
+        "model.rope.nope_every": every,
+        "model.rope.nope_attn_scale": 0.1,
+        "model.rope.nope_floor_scale": float(chunk),
+        "model.attention.layer_types": types,
+        "model.attention.chunk": chunk,
+        "model.attention.qk_l2_norm": True,
+    }
 
 
 def _half(num_kv_heads: int) -> int:

@@ -135,27 +135,7 @@ def model(shape: dict = SHAPE) -> ml_collections.ConfigDict:
     model.norm_eps = 1e-6  # RMSNorm epsilon (Llama 2/3 checkpoints use 1e-5)
     model.tie_embeddings = False  # True: the LM head is the embedding table (transposed)
 
-    model.attention = ml_collections.ConfigDict()
-    # kv = "separate" (default): own key and value projections. "tied": one latent per kv
-    # head is rotated once and serves as key and value (half the cache; needs sites qkvo).
-    model.attention.kv = "separate"
-    # impl: the softmax-attention kernel (rotations stay outside it): xla (reference,
-    # [B, K, T, G, S] float32 scores) | dot_product (jax.nn.dot_product_attention: cuDNN
-    # flash attention on GPU in bf16) | chunked (blockwise online softmax, O(T) memory,
-    # any backend) | splash (TPU Pallas).
-    model.attention.impl = "xla"
-    model.attention.qkv_bias = False  # biases on the q, k, v projections (Qwen2 checkpoints)
-    model.attention.qk_norm = False  # RMSNorm over H of each q and k head (Qwen3 checkpoints)
-    # sinks: one learned logit per query head in every softmax denominator, no value
-    # (gpt-oss, DeepSeek-V4); a parameter "sinks" [N] per layer, zeros at init
-    model.attention.sinks = False
-    # window: W > 0 = the sliding window of the "sliding" layers: query t sees keys
-    # t - W < s <= t (HF's sliding_window; Mistral, Gemma 2/3, gpt-oss); must be below
-    # data.seq_len (a window of the whole sequence changes nothing); 0 = none
-    model.attention.window = 0
-    # layer_types: one of full | sliding per layer (HF's layer_types), e.g.
-    # ("sliding", "full"); () = every layer sliding when window > 0 (Mistral), else full
-    model.attention.layer_types = ()
+    model.attention = attention()
 
     model.rope = ml_collections.ConfigDict()
     model.rope.sites = "qk"  # rotated sites, a subset of "qkvo"; "" = NoPE
@@ -175,12 +155,50 @@ def model(shape: dict = SHAPE) -> ml_collections.ConfigDict:
         model.rope.scaling[key] = _placeholder(spec.kind)  # L0, yarn's betas ... (`scaling.KEYS`)
     model.rope.max_position_embeddings = _placeholder(int)  # L; None = the training seq_len
     model.rope.nope_every = 0  # k > 0: layers k-1, 2k-1, ... have no rotation (Llama 4)
+    # NoPE layers' attention temperature (Llama 4's attn_temperature_tuning, nn.irope):
+    # queries at position p times 1 + nope_attn_scale * log1p(floor((p + 1) / nope_floor_scale))
+    model.rope.nope_attn_scale = 0.0  # 0 = off (Llama 4: 0.1)
+    model.rope.nope_floor_scale = 8192.0  # positions per step of the temperature (Llama 4: 8192)
     model.rope.local_base = _placeholder(float)  # base of the non-global layers (Gemma 3)
     model.rope.global_every = 0  # g > 0: layers g-1, 2g-1, ... global (base), others local_base
     # learned: none (fixed) | freqs (trained per-kv-head, per-axis frequencies, RoPE-Mixed) |
     # commuting (freqs in a trained orthogonal basis per layer); both start equal to none
     model.rope.learned = "none"
     return model
+
+
+def attention() -> ml_collections.ConfigDict:
+    """The attention of every decoder layer (`config.model.attention`)."""
+    attention = ml_collections.ConfigDict()
+    # kv = "separate" (default): own key and value projections. "tied": one latent per kv
+    # head is rotated once and serves as key and value (half the cache; needs sites qkvo).
+    attention.kv = "separate"
+    # impl: the softmax-attention kernel (rotations stay outside it): xla (reference,
+    # [B, K, T, G, S] float32 scores) | dot_product (jax.nn.dot_product_attention: cuDNN
+    # flash attention on GPU in bf16) | chunked (blockwise online softmax, O(T) memory,
+    # any backend) | splash (TPU Pallas).
+    attention.impl = "xla"
+    attention.qkv_bias = False  # biases on the q, k, v projections (Qwen2 checkpoints)
+    attention.qk_norm = False  # RMSNorm over H of each q and k head (Qwen3 checkpoints)
+    # sinks: one learned logit per query head in every softmax denominator, no value
+    # (gpt-oss, DeepSeek-V4); a parameter "sinks" [N] per layer, zeros at init
+    attention.sinks = False
+    # window: W > 0 = the sliding window of the "sliding" layers: query t sees keys
+    # t - W < s <= t (HF's sliding_window; Mistral, Gemma 2/3, gpt-oss); must be below
+    # data.seq_len (a window of the whole sequence changes nothing); 0 = none
+    attention.window = 0
+    # chunk: C > 0 = the chunk of the "chunked" layers: query t sees keys s <= t of its
+    # own chunk, s // C == t // C, chunks starting at position 0 (HF's
+    # attention_chunk_size; Llama 4's local layers); must be below data.seq_len; 0 = none
+    attention.chunk = 0
+    # layer_types: one of full | sliding | chunked per layer (HF's layer_types), e.g.
+    # ("sliding", "full"); () = every layer sliding when window > 0 (Mistral), chunked
+    # when chunk > 0, else full
+    attention.layer_types = ()
+    # qk_l2_norm: q and k of every rotating layer scaled to unit RMS over H, no weight,
+    # epsilon norm_eps (Llama 4's use_qk_norm; rope_jax.nn.irope)
+    attention.qk_l2_norm = False
+    return attention
 
 
 def data(shape: dict = SHAPE) -> ml_collections.ConfigDict:

@@ -33,6 +33,17 @@ logits `transformers` computes for them in float32 (`logits.npy` [B, T, V]):
 The sliding-window fixtures also hold `greedy.npy` [B, P + N]: `generate`'s greedy tokens
 (no end-of-text stop) continuing the first P = 6 tokens of each row by N = 20, past the
 window.
+
+One fixture is a single attention block, not a model:
+
+  llama4_attention  Llama4TextAttention (iRoPE) of a 2-layer Llama4TextConfig with
+                 no_rope_layers [1, 0]: layer 0 rotates (complex pairs), L2-normalises q
+                 and k and attends in chunks of C = 4 (HF's chunked causal mask), layer 1
+                 is NoPE with the query temperature (attn_scale 0.5, floor_scale 4) and a
+                 full causal mask; GQA (N=4, K=2, H=8), T = 12. `config.json` holds the
+                 config's fields; `<layer>.npz` (rope, nope) the random weights (HF's
+                 [out, in] Linear layout), the input x [B, T, D], the cotangent dy of the
+                 output, the output y, and dx and d<weight> of sum(y * dy), in float32.
 """
 
 from __future__ import annotations
@@ -185,6 +196,51 @@ def make(name, config_cls, model_cls, *, seed, dtype=torch.float32, shard=None, 
     print(f"{name}: {sorted(os.listdir(out))} {size / 1e3:.0f} KB")
 
 
+LLAMA4 = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+              num_hidden_layers=2, no_rope_layers=[1, 0], attention_chunk_size=4,
+              use_qk_norm=True, attn_temperature_tuning=True, attn_scale=0.5, floor_scale=4,
+              rms_norm_eps=1e-5, max_position_embeddings=64, vocab_size=64,
+              rope_parameters={"rope_type": "default", "rope_theta": 500.0})  # fmt: skip
+
+
+def llama4_attention(seed: int = 8, name: str = "llama4_attention") -> None:
+    """Forward and backward of Llama 4's attention block, one rope and one NoPE layer."""
+    if sys.argv[1:] and name not in sys.argv[1:]:
+        return
+    from transformers.masking_utils import create_causal_mask, create_chunked_causal_mask
+    from transformers.models.llama4 import modeling_llama4 as m
+
+    out = os.path.join(OUT, name)
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    cfg = transformers.Llama4TextConfig(**LLAMA4, attn_implementation="eager")
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, 12, cfg.hidden_size, generator=gen)
+    dy = torch.randn(B, 12, cfg.hidden_size, generator=gen)
+    positions = torch.arange(x.shape[1])[None].expand(B, -1)
+    freqs = m.Llama4TextRotaryEmbedding(cfg)(x, positions)
+    masks = dict(config=cfg, inputs_embeds=x, attention_mask=None, past_key_values=None,
+                 position_ids=positions)  # fmt: skip
+    mask = {"rope": create_chunked_causal_mask(**masks), "nope": create_causal_mask(**masks)}
+    for layer, kind in enumerate(("rope", "nope")):
+        attn = m.Llama4TextAttention(cfg, layer)
+        randomize(attn, seed + layer)
+        xi = x.clone().requires_grad_(True)
+        y = attn(xi, freqs, mask[kind])[0]
+        (y * dy).sum().backward()
+        arrays = {"x": x, "dy": dy, "y": y, "dx": xi.grad}
+        for weight, p in attn.named_parameters():
+            arrays[weight] = p
+            arrays["d" + weight] = p.grad
+        np.savez(os.path.join(out, f"{kind}.npz"),
+                 **{k: v.detach().float().numpy() for k, v in arrays.items()})  # fmt: skip
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(LLAMA4, f, indent=1, sort_keys=True)
+        f.write("\n")
+    size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
+    print(f"{name}: {sorted(os.listdir(out))} {size / 1e3:.0f} KB")
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")
@@ -231,6 +287,7 @@ def main():
                           "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                           "original_max_position_embeddings": 8},
          variants={"default_layer_types": {"layer_types": None}})  # fmt: skip
+    llama4_attention()
 
 
 if __name__ == "__main__":

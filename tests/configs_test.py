@@ -1,4 +1,5 @@
-"""Tests for configs/lm.py: every ablation row builds a valid config; matched tied rows."""
+"""Tests for configs/lm.py: every ablation row builds a valid config; matched tied rows;
+the irope row (Llama 4) at every size."""
 
 import pytest
 from flax import nnx
@@ -9,6 +10,7 @@ from rope_jax.nn import model as model_lib
 
 ORIGINAL = ["nope", "q", "k", "v", "o", "qk", "vo", "qkv", "qkvo"]
 TIED = ["tied_qkvo", "separate_qk_params", "separate_qk_cache"]
+EXTRA = TIED + ["irope"]
 
 
 def num_params(config) -> int:
@@ -16,7 +18,7 @@ def num_params(config) -> int:
     return model_lib.count_params(abstract)
 
 
-@pytest.mark.parametrize("row", ORIGINAL + TIED)
+@pytest.mark.parametrize("row", ORIGINAL + EXTRA)
 def test_every_row_is_a_valid_config(row):
     config = lm.get_config(f"size=tiny,row={row}")
     harness.check_config(config)
@@ -41,7 +43,7 @@ def test_unknown_row_names_the_choices():
 def test_sweep_emits_original_rows_first_then_tied_rows():
     rows = []
     lm.sweep(lambda name, **overrides: rows.append((name, overrides)), arg="size=tiny")
-    assert [name for name, _ in rows] == ORIGINAL + TIED
+    assert [name for name, _ in rows] == ORIGINAL + EXTRA
     for name, overrides in rows[:9]:
         assert overrides == {"model.rope.sites": lm.ROWS[name]}  # unchanged rows
     assert rows[9][1] == {"model.attention.kv": "tied", "model.rope.sites": "qkvo"}
@@ -74,6 +76,22 @@ def test_sweep_sizes_matched_rows_from_its_arg(size):
     assert (
         rows["separate_qk_cache"]["model.num_kv_heads"] == common.SIZES[size]["num_kv_heads"] // 2
     )
+
+
+@pytest.mark.parametrize("size", list(common.SIZES))
+def test_irope_row_is_llama4s_pattern_at_every_size(size):
+    """NoPE every 4th layer (the last of tiny's 2), full there, chunked elsewhere in chunks
+    of T/4 that also step the NoPE layers' temperature; q/k L2 norm; interleaved pairs."""
+    config = lm.get_config(f"size={size},row=irope")
+    harness.check_config(config)
+    m, layers = config.model, common.SIZES[size]["num_layers"]
+    every = min(4, layers)
+    assert m.rope.nope_every == every and m.attention.qk_l2_norm and m.rope.layout == "interleaved"
+    ropes = model_lib.layer_rotations(m, train_seq_len=config.data.seq_len)
+    types = m.attention.layer_types
+    assert [t == "full" for t in types] == [r is None for r in ropes] == [
+        (i + 1) % every == 0 for i in range(layers)]  # fmt: skip
+    assert m.attention.chunk == m.rope.nope_floor_scale == config.data.seq_len // 4
 
 
 def test_precision_rows_change_only_the_compute_dtype():

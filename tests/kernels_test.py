@@ -28,6 +28,7 @@ class Case(NamedTuple):
     block: int = 4  # chunked block size: T and S are not multiples of it
     sinks: bool = False  # one learned sink logit per query head
     window: int | None = None  # sliding window W (causal cases only)
+    chunk: int | None = None  # chunk C (causal cases only): keys of the query's own chunk
 
 
 CASES = [
@@ -68,15 +69,33 @@ CASES = [
         sinks=True,
         window=7,
     ),  # fmt: skip
+    # chunks (Llama 4): training, decoding offsets, with segments, sinks and a window
+    Case("chunk", t=21, s=21, causal=True, chunk=5),
+    Case("chunk-1", t=9, s=9, n=2, kv=2, causal=True, chunk=1),
+    Case("chunk-decode", t=1, s=16, causal=True, offset=11, traced=True, chunk=4),
+    Case("chunk-prefill-offset", t=7, s=16, causal=True, offset=6, block=2, chunk=3),
+    Case(
+        "chunk-sinks-segments-mask",
+        t=14,
+        s=14,
+        causal=True,
+        segments=True,
+        mask="heads",
+        sinks=True,
+        chunk=4,
+    ),
+    Case("chunk-window", t=16, s=16, causal=True, window=3, chunk=6),
 ]
 CASE = {c.name: c for c in CASES}
 BF16_CASES = ("gqa", "mha-causal", "decode-traced", "everything", "sinks-causal-segments",
-              "window-segments", "window-sinks-everything")  # fmt: skip
+              "window-segments", "window-sinks-everything",
+              "chunk-sinks-segments-mask")  # fmt: skip
 GRID = [(c, "float32") for c in CASES] + [(CASE[name], "bfloat16") for name in BF16_CASES]
 QUICK = {
     ("gqa-causal", "float32"),
     ("everything", "float32"),
     ("window-sinks-everything", "float32"),
+    ("chunk-sinks-segments-mask", "float32"),
 }  # the rest: full suite only
 GRID_PARAMS = [
     pytest.param(c, d, id=f"{c.name}-{d}",
@@ -136,6 +155,7 @@ def mix_fn(case: Case, impl: str, block: int | None = None):
             block_size=block or case.block,
             sinks=sinks,
             window=case.window,
+            chunk=case.chunk,
         )
 
     return fn

@@ -29,6 +29,13 @@ layer with sinks holds one learned logit per query head ("sinks" [N], zeros at i
 that joins every softmax denominator and carries no value; a sliding layer attends the
 W latest keys (t - W < s <= t) and decodes through a ring of W cache slots
 (`nn.sliding`). Both are kernel arguments (`kernels.mix`), so every impl runs them.
+A chunked layer (`chunk`, Llama 4) attends keys s <= t of its own chunk of C positions,
+s // C == t // C, and decodes through a ring of C slots whose segment ids are the
+tokens' chunks.
+
+iRoPE (`qk_l2_norm`, `nope_attn_scale`; Llama 4, `nn.irope`): a rotating layer may scale
+q and k to unit RMS (no weight); a NoPE layer may multiply its queries by a temperature
+that grows with the log of the position.
 
 Learned rotations (`learned`, docs/maths.md#learned-rotations): the layer trains
 frequencies theta [K, P, A] ("freqs", "commuting") and a basis generator S [H, H]
@@ -51,7 +58,7 @@ from flax import nnx
 
 from rope_jax import rotary, sharding
 from rope_jax.learned import KINDS, LearnedRotation, cayley, check_kind, initial_freqs
-from rope_jax.nn import kernels, sliding
+from rope_jax.nn import irope, kernels, sliding
 from rope_jax.nn.layers import RMSNorm, dense_param
 from rope_jax.nn.products import dense
 from rope_jax.rotary import RopeSpec
@@ -115,6 +122,7 @@ def attend(
     seq_len: int | None = None,
     sinks=None,
     window: int | None = None,
+    chunk: int | None = None,
 ) -> jax.Array:
     """Softmax attention with rotation at `sites`.
 
@@ -144,6 +152,8 @@ def attend(
       sinks: optional float [N], one sink logit per query head (`kernels.mix`).
       window: optional sliding window W with `causal`: keys t - W < s <= t (offset by
         q_offset), as `kernels.mix`.
+      chunk: optional chunk C with `causal`: keys s <= t with s // C == t // C (offset
+        by q_offset), as `kernels.mix`.
 
     Returns:
       [B, T, N, H] in q's dtype. Scores and softmax are float32.
@@ -160,7 +170,7 @@ def attend(
         v = rot(v, k_positions)  # values rotate with their key's position
 
     scale = logit_scale(spec, sites, head_dim=q.shape[-1], seq_len=seq_len, scale=scale)
-    o = _mix(q, k, v, mask, causal, scale, impl, q_offset, segments, sinks, window)  # float32
+    o = _mix(q, k, v, mask, causal, scale, impl, q_offset, segments, sinks, window, chunk)
     if "o" in sites:
         o = rot(o, q_positions, inverse=True)  # o_i -> R_i^T o_i at the query position
     return o.astype(q.dtype)
@@ -182,6 +192,7 @@ def attend_tied(
     seq_len: int | None = None,
     sinks=None,
     window: int | None = None,
+    chunk: int | None = None,
 ) -> jax.Array:
     """Attention with one latent per key serving as key and value (sites "qkvo" implied).
 
@@ -193,7 +204,7 @@ def attend_tied(
       q: [B, T, N, H] queries.
       c: [B, S, K, H] key/value latents; N % K == 0.
       q_positions, k_positions, rope, mask, causal, scale, impl, q_offset, segments,
-        seq_len, sinks, window: as in `attend`.
+        seq_len, sinks, window, chunk: as in `attend`.
 
     Returns:
       [B, T, N, H] in q's dtype.
@@ -204,7 +215,7 @@ def attend_tied(
     q = rot(q, q_positions)
     c = rot(c, k_positions)  # once: the key and the value
     scale = logit_scale(spec, TIED_SITES, head_dim=q.shape[-1], seq_len=seq_len, scale=scale)
-    o = _mix(q, c, c, mask, causal, scale, impl, q_offset, segments, sinks, window)
+    o = _mix(q, c, c, mask, causal, scale, impl, q_offset, segments, sinks, window, chunk)
     return rot(o, q_positions, inverse=True).astype(q.dtype)
 
 
@@ -237,14 +248,14 @@ def logit_scale(
     return (head_dim**-0.5 if scale is None else scale) * factor**times
 
 
-def _mix(q, k, v, mask, causal, scale, impl, q_offset, segments, sinks, window) -> jax.Array:
+def _mix(q, k, v, mask, causal, scale, impl, q_offset, segments, sinks, window, chunk):
     """The kernel call shared by `attend` and `attend_tied`: float32 [B, T, N, H]."""
     q_segments, kv_segments = (None, None) if segments is None else segments
     if causal and q_offset is None:
         q_offset = k.shape[1] - q.shape[1]  # queries are the last T keys
     return kernels.mix(q, k, v, impl=impl, causal=causal, q_offset=q_offset, mask=mask,
                        q_segments=q_segments, kv_segments=kv_segments, scale=scale,
-                       sinks=sinks, window=window)  # fmt: skip
+                       sinks=sinks, window=window, chunk=chunk)  # fmt: skip
 
 
 def _check_shapes(q, k, v) -> None:
@@ -280,7 +291,13 @@ class Attention(nnx.Module):
     denominator, zeros at init (gpt-oss draws them from N(0, 0.02^2): about zero; a 1-D
     parameter, so no weight decay); without it the layer has no such parameter (older
     checkpoints restore as they are). `window` W makes a sliding layer: keys
-    t - W < s <= t, and a decoding cache of min(W, length) slots (`nn.sliding`).
+    t - W < s <= t, and a decoding cache of min(W, length) slots (`nn.sliding`); `chunk`
+    C a chunked one: keys s <= t with s // C == t // C, a cache of min(C, length) slots.
+
+    iRoPE (`nn.irope`): `qk_l2_norm` scales q and k of a rotating layer to unit RMS (no
+    parameter; needs kv="separate"); `nope_attn_scale` a > 0 multiplies the queries of a
+    NoPE layer by 1 + a log1p(floor((p + 1) / nope_floor_scale)). Each is ignored by the
+    other kind of layer.
     """
 
     def __init__(
@@ -301,6 +318,10 @@ class Attention(nnx.Module):
         qk_norm: bool = False,
         sinks: bool = False,
         window: int | None = None,
+        chunk: int | None = None,
+        qk_l2_norm: bool = False,
+        nope_attn_scale: float = 0.0,
+        nope_floor_scale: float = 8192.0,
         norm_eps: float = 1e-6,
         dtype=jnp.float32,
         param_dtype=jnp.float32,
@@ -312,8 +333,8 @@ class Attention(nnx.Module):
                 f"num_heads={num_heads} is not divisible by num_kv_heads={num_kv_heads}"
             )
         check_kv(kv, check_sites(sites))
-        if kv != "separate" and (qkv_bias or qk_norm):
-            raise ValueError(f"qkv_bias and qk_norm need kv='separate', got kv={kv!r}")
+        if kv != "separate" and (qkv_bias or qk_norm or qk_l2_norm):
+            raise ValueError(f"qkv_bias and qk_(l2_)norm need kv='separate', got kv={kv!r}")
         self.sites = "" if nope else sites  # the sites this layer rotates
         self.rope = RopeSpec.of(rope)
         self.kv, self.impl = kv, kernels.check_impl(impl)
@@ -339,14 +360,8 @@ class Attention(nnx.Module):
         else:
             self.k_proj = dense_param(rngs, (d, kh, h), ("embed", "kv_heads", "head_dim"), **p)
             self.v_proj = dense_param(rngs, (d, kh, h), ("embed", "kv_heads", "head_dim"), **p)
-        self.o_proj = dense_param(
-            rngs,
-            (n, h, d),
-            ("heads", "head_dim", "embed"),
-            dtype=param_dtype,
-            fan_in=n * h,
-            scale=out_scale,
-        )
+        self.o_proj = dense_param(rngs, (n, h, d), ("heads", "head_dim", "embed"),
+                                  dtype=param_dtype, fan_in=n * h, scale=out_scale)  # fmt: skip
         bias = lambda size: nnx.Param(
             jnp.zeros((size,), param_dtype), out_sharding=(None,), eager_sharding=False
         )
@@ -356,12 +371,14 @@ class Attention(nnx.Module):
         norm = dict(eps=norm_eps, dtype=dtype, param_dtype=param_dtype, axis="head_dim")
         self.q_norm = RMSNorm(h, **norm) if qk_norm else None
         self.k_norm = RMSNorm(h, **norm) if qk_norm else None
-        self.sinks = (
-            nnx.Param(jnp.zeros((n,), param_dtype), out_sharding=("heads",), eager_sharding=False)
-            if sinks
-            else None
+        sink = lambda: nnx.Param(jnp.zeros((n,), param_dtype), out_sharding=("heads",),
+                                 eager_sharding=False)  # fmt: skip
+        self.sinks = sink() if sinks else None
+        self.window, self.chunk = window, chunk  # W of a sliding layer, C of a chunked one
+        self.norm_eps, self.qk_l2_norm = norm_eps, bool(qk_l2_norm and self.sites)
+        self.temperature = (  # (a, f) of a NoPE layer's query temperature, else None
+            (nope_attn_scale, nope_floor_scale) if nope_attn_scale and not self.sites else None
         )
-        self.window = window  # W of a sliding layer; None = full
 
     def rotation(self) -> RopeSpec | LearnedRotation:
         """What this layer rotates by: its spec, or the learned rotation of its parameters."""
@@ -370,8 +387,9 @@ class Attention(nnx.Module):
         basis = None if self.rope_basis is None else cayley(self.rope_basis[...])
         return LearnedRotation(self.rope, self.rope_freqs[...], basis)
 
-    def _project(self, x):
-        """x [B, T, D] -> q [B, T, N, H] and k, v [B, T, K, H] (the same latent c if tied)."""
+    def _project(self, x, positions):
+        """x [B, T, D] -> q [B, T, N, H] and k, v [B, T, K, H] (the same latent c if tied);
+        `positions` [B, T, A] are read by a NoPE layer's temperature."""
         proj = lambda p: dense(x, p[...], dtype=self.dtype)  # [B, T, D] . [D, N|K, H]
         q = proj(self.q_proj)
         if self.kv == "tied":
@@ -385,6 +403,12 @@ class Attention(nnx.Module):
             v = v + w(self.v_bias).reshape(v.shape[2:])
         if self.q_norm is not None:  # per head, before any rotation
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.qk_l2_norm:  # commutes with the rotation (HF applies it after)
+            q, k = irope.l2_norm(q, eps=self.norm_eps), irope.l2_norm(k, eps=self.norm_eps)
+        if self.temperature is not None:
+            a, f = self.temperature
+            tau = irope.temperature(positions, attn_scale=a, floor_scale=f)  # [B, T]
+            q = (q * tau[:, :, None, None]).astype(q.dtype)
         q = sharding.constrain(q, ("batch", "seq", "heads", "head_dim"))
         k = sharding.constrain(k, ("batch", "seq", "kv_heads", "head_dim"))
         return q, k, (k if self.kv == "tied" else v)
@@ -396,11 +420,11 @@ class Attention(nnx.Module):
         each document); None = one sequence per row.
         """
         x = x.astype(self.dtype)
-        q, k, v = self._project(x)
+        q, k, v = self._project(x, positions)
         pairs = None if segments is None else (segments, segments)
         kw = dict(q_positions=positions, k_positions=positions, rope=self.rotation(), mask=mask,
                   impl=self.impl, segments=pairs, sinks=self._sinks(),
-                  window=self.window)  # fmt: skip
+                  window=self.window, chunk=self.chunk)  # fmt: skip
         if self.kv == "tied" and self.sites:
             o = attend_tied(q, k, causal=causal, **kw)
         else:  # separate, or a tied NoPE layer (k = v = the latent, unrotated)
@@ -418,13 +442,15 @@ class Attention(nnx.Module):
 
     def init_cache(self, batch_size: int, max_len: int) -> dict:
         """Empty cache of S = max_len slots: {"k", "v"} (separate) or {"c"} (tied) [B, S, K, H];
-        a sliding layer keeps C = min(W, max_len) slots, a ring (`nn.sliding`).
+        a sliding (chunked) layer keeps C = min(W (chunk), max_len) slots, a ring
+        (`nn.sliding`).
 
         Entries are stored after their rotation (k if "k" in sites, v if "v" in sites,
         c always when tied), in the compute dtype.
         """
         proj = self.kv_proj if self.kv == "tied" else self.k_proj
-        slots = max_len if self.window is None else sliding.ring_slots(self.window, max_len)
+        reach = self.window or self.chunk  # None for a full layer
+        slots = max_len if reach is None else sliding.ring_slots(reach, max_len)
         shape = (batch_size, slots, *proj.shape[1:])
         names = ("c",) if self.kv == "tied" else ("k", "v")
         return {name: jnp.zeros(shape, self.dtype) for name in names}
@@ -433,7 +459,8 @@ class Attention(nnx.Module):
         self, x, positions, cache: dict, index, seq_len: int | None = None
     ) -> tuple[jax.Array, dict]:
         """T new tokens written at cache slots index..index+T-1, attending to slots <= their own
-        (a sliding layer: to the W latest tokens, through its ring of C slots).
+        (a sliding layer: to the W latest tokens, a chunked one: to its chunk's, through a
+        ring of C slots).
 
         Args:
           x: [B, T, D] (T = prompt length when prefilling, 1 per decoding step).
@@ -446,7 +473,7 @@ class Attention(nnx.Module):
           ([B, T, D] output, the cache with the new rotated entries).
         """
         x = x.astype(self.dtype)
-        q, k, v = self._project(x)
+        q, k, v = self._project(x, positions)
         if seq_len is None:  # S: the length dynamic / longrope read
             seq_len = next(iter(cache.values())).shape[1]
         rope = self.rotation()
@@ -467,7 +494,8 @@ class Attention(nnx.Module):
             seq_len=seq_len,
             sinks=self._sinks(),
         )  # fmt: skip  (keys, values: already rotated)
-        if self.window is None:  # new token t sees the filled slots and itself
+        ring = self.window is not None or self.chunk is not None
+        if not ring:  # new token t sees the filled slots and itself
             at = (0, index, 0, 0)
             cache = {name: jax.lax.dynamic_update_slice(cache[name], new[name], at)
                      for name in new}  # fmt: skip
@@ -475,14 +503,21 @@ class Attention(nnx.Module):
         else:  # the ring in token order, then the new entries: query 0 at offset C
             slots = next(iter(cache.values())).shape[1]
             cache = {name: sliding.ring_keys(cache[name], new[name], index) for name in new}
-            segments = sliding.ring_segments(x.shape[0], slots, x.shape[1], index)
+            segments = self._ring_segments(*x.shape[:2], slots, index)
             kw.update(q_offset=slots, window=self.window, segments=segments)
         keys = cache["c"] if self.kv == "tied" else cache["k"]
         values = cache["c"] if self.kv == "tied" else cache["v"]
         o = attend(q, keys, values, **kw)
-        if self.window is not None:
+        if ring:
             cache = {name: sliding.ring_store(cache[name], slots, index) for name in cache}
         return self._out(o), cache
+
+    def _ring_segments(self, batch: int, new: int, slots: int, index):
+        """(q ids [B, T], kv ids [B, C + T]) of a ring step: the filled slots (a sliding
+        layer, whose window the kernel applies) or each token's chunk (a chunked layer)."""
+        if self.chunk is not None:
+            return sliding.chunk_segments(batch, slots, new, index, self.chunk)
+        return sliding.ring_segments(batch, slots, new, index)
 
 
 def _rotation_param(value, names) -> nnx.Param:

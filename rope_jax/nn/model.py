@@ -15,10 +15,14 @@ predates the field). The fields that published checkpoints need (`rope_jax.hf`):
 `model.tie_embeddings` (the head is the embedding table), `model.attention.qkv_bias`
 (Qwen2) and `model.attention.qk_norm` (Qwen3), all off by default.
 
-Attention per layer (`nn.sliding.layer_windows`): `model.attention.layer_types` gives
-each layer "full" or "sliding" (a window of `model.attention.window` W keys, HF's
-`sliding_window`); `model.attention.sinks` gives every layer one learned sink logit per
-query head (gpt-oss). Defaults: full layers, no sinks (the Llama decoder, unchanged).
+Attention per layer (`nn.sliding.layer_types`): `model.attention.layer_types` gives
+each layer "full", "sliding" (a window of `model.attention.window` W keys, HF's
+`sliding_window`) or "chunked" (the keys of its own chunk of `model.attention.chunk` C
+positions, HF's `attention_chunk_size`); `model.attention.sinks` gives every layer one
+learned sink logit per query head (gpt-oss). Defaults: full layers, no sinks (the Llama
+decoder, unchanged). iRoPE (Llama 4, `nn.irope`): NoPE layers by `rope.nope_every`,
+chunked rotating layers, `attention.qk_l2_norm` on the rotating layers and the query
+temperature `rope.nope_attn_scale` on the NoPE ones.
 
 Rotation per layer (`layer_rotations`, docs/maths.md#context-scaling): every layer uses
 the spec of `cfg.rope` (base, ladder, layout, allocation, sections, scaling,
@@ -46,7 +50,7 @@ import ml_collections
 from flax import nnx
 
 from rope_jax import defaults, layouts, learned, rotary, sharding
-from rope_jax.nn import kernels, sliding
+from rope_jax.nn import irope, kernels, sliding
 from rope_jax.nn.attention import Attention, check_kv, check_sites
 from rope_jax.nn.layers import MLP, RMSNorm, dense_param
 from rope_jax.nn.products import dense
@@ -109,8 +113,9 @@ def check_config(cfg, num_axes: int = 1, *, train_seq_len: int | None = None):
     kernels.check_impl(cfg.attention.impl, field="model.attention.impl")
     check_kv(cfg.attention.kv, cfg.rope.sites, kv_field="model.attention.kv",
              sites_field="model.rope.sites")  # fmt: skip
-    sliding.layer_windows(cfg.attention, cfg.num_layers, train_seq_len=train_seq_len)
-    layer_rotations(cfg, num_axes, train_seq_len=train_seq_len)
+    sliding.layer_types(cfg.attention, cfg.num_layers, train_seq_len=train_seq_len)
+    ropes = layer_rotations(cfg, num_axes, train_seq_len=train_seq_len)
+    irope.check_config(cfg, tuple(rope is not None and bool(cfg.rope.sites) for rope in ropes))
     _check_learned(cfg, rotation(cfg, num_axes, train_seq_len=train_seq_len))
     return cfg
 
@@ -246,9 +251,11 @@ def kv_cache_bytes_per_token(cfg) -> int:
 
 def kv_cache_bytes(cfg, length: int) -> int:
     """Decoding cache of one sequence of `length` tokens: a full layer holds `length`
-    slots, a sliding one min(W, length) (`Attention.init_cache`)."""
+    slots, a sliding (chunked) one min(W (C), length) (`Attention.init_cache`)."""
     windows = sliding.layer_windows(cfg.attention, cfg.num_layers)
-    slots = sum(length if w is None else sliding.ring_slots(w, length) for w in windows)
+    chunks = sliding.layer_chunks(cfg.attention, cfg.num_layers)
+    reaches = [w or c for w, c in zip(windows, chunks, strict=True)]
+    slots = sum(length if r is None else sliding.ring_slots(r, length) for r in reaches)
     return kv_cache_bytes_per_token(cfg) // cfg.num_layers * slots
 
 
@@ -262,11 +269,12 @@ class Block(nnx.Module):
         *,
         num_axes: int = 1,
         window: int | None = None,
+        chunk: int | None = None,
         rngs: nnx.Rngs,
     ):
         """`rope` None: a NoPE layer (nothing rotated, whatever `cfg.rope.sites` says).
         `num_axes`: the position axes A (the shape of learned frequencies). `window`: W
-        of a sliding layer, None for a full one."""
+        of a sliding layer, `chunk`: C of a chunked one, both None for a full one."""
         dtype, param_dtype = DTYPES[cfg.dtype], DTYPES[cfg.param_dtype]
         out_scale = 1.0 / math.sqrt(2 * cfg.num_layers)  # residual branches (GPT-2 style)
         norm = dict(eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
@@ -287,6 +295,10 @@ class Block(nnx.Module):
             qk_norm=cfg.attention.qk_norm,
             sinks=cfg.attention.sinks,
             window=window,
+            chunk=chunk,
+            qk_l2_norm=cfg.attention.qk_l2_norm,
+            nope_attn_scale=cfg.rope.nope_attn_scale,
+            nope_floor_scale=cfg.rope.nope_floor_scale,
             norm_eps=cfg.norm_eps,
             dtype=dtype,
             param_dtype=param_dtype,
@@ -331,6 +343,7 @@ class Decoder(nnx.Module):
             cfg = check_config(cfg, num_axes, train_seq_len=train_seq_len)
         ropes = layer_rotations(cfg, num_axes, train_seq_len=train_seq_len)  # checked once
         windows = sliding.layer_windows(cfg.attention, cfg.num_layers)
+        chunks = sliding.layer_chunks(cfg.attention, cfg.num_layers)
         self.num_axes = num_axes
         self.remat, self.patch_dim = cfg.remat, cfg.patch_dim
         self.dtype, param_dtype = DTYPES[cfg.dtype], DTYPES[cfg.param_dtype]
@@ -353,8 +366,8 @@ class Decoder(nnx.Module):
             else None
         )
         self.blocks = nnx.List([
-            Block(cfg, rope, num_axes=num_axes, window=window, rngs=rngs)
-            for rope, window in zip(ropes, windows, strict=True)
+            Block(cfg, rope, num_axes=num_axes, window=window, chunk=chunk, rngs=rngs)
+            for rope, window, chunk in zip(ropes, windows, chunks, strict=True)
         ])  # fmt: skip
         self.norm = RMSNorm(d, eps=cfg.norm_eps, dtype=self.dtype, param_dtype=param_dtype)
         self.head = (
@@ -422,7 +435,7 @@ class Decoder(nnx.Module):
         """Empty decoding cache for `max_len` tokens: {"index": int32 0, "layers": [...]}.
 
         Each layer holds its keys/values after rotation (`Attention.init_cache`), a
-        sliding layer only its W latest: `kv_cache_bytes(cfg, max_len)` per sequence.
+        sliding (chunked) layer only its W (C) latest: `kv_cache_bytes(cfg, max_len)` per sequence.
         """
         layers = [block.attn.init_cache(batch_size, max_len) for block in self.blocks]
         return {"index": jnp.zeros((), jnp.int32), "layers": layers}

@@ -7,7 +7,9 @@ so a kernel here is plain grouped-query softmax attention,
 
 where keep(t, s) combines causality (s <= t + q_offset), an optional sliding window
 (`window=W`: also s > t + q_offset - W, so query t sees the W keys t - W < s <= t, Hugging
-Face's `sliding_window` convention), packed-document segment ids and an optional dense
+Face's `sliding_window` convention), an optional chunk (`chunk=C`: also s // C ==
+(t + q_offset) // C, so query t sees its own chunk of C keys up to itself: Llama 4's local
+layers, HF's `attention_chunk_size`), packed-document segment ids and an optional dense
 mask. A query row with no key to attend gives o_t = 0 (never NaN), in every
 implementation.
 
@@ -39,6 +41,7 @@ import jax.numpy as jnp
 
 from rope_jax.nn.kernels.chunked import _mix_chunked
 from rope_jax.nn.kernels.common import (
+    _check_chunk,
     _check_inputs,
     _check_sinks,
     _check_window,
@@ -78,6 +81,7 @@ def mix(
     block_size: int = 512,
     sinks=None,
     window: int | None = None,
+    chunk: int | None = None,
 ) -> jax.Array:
     """sum_s softmax_s(scale * q . k_s) v_s over the allowed keys; float32 [B, T, N, H].
 
@@ -102,6 +106,11 @@ def mix(
         included: HF's `sliding_window`); None = no window. A window that reaches past
         key 0 for every query is allowed (it changes nothing). "chunked" skips the key
         blocks wholly outside it (O(T * W) work).
+      chunk: optional chunk C, a positive Python int, with `causal`: query t attends keys
+        s <= t + q_offset in its own chunk, s // C == (t + q_offset) // C (chunks start at
+        key 0; Llama 4's local layers); None = none. "chunked" skips the key blocks of
+        other chunks (O(T * C) work); "dot_product" folds it into its dense mask; "splash"
+        uses its lazy chunked mask where the queries start at key 0 and are whole blocks.
 
     Returns:
       float32 [B, T, N, H]; rows with no allowed key are 0.
@@ -109,6 +118,7 @@ def mix(
     check_impl(impl)
     _check_inputs(q, k, v, q_segments, kv_segments, mask)
     window = _check_window(window, causal)
+    chunk = _check_chunk(chunk, causal)
     sinks = _check_sinks(sinks, q.shape[2])
     t, s = q.shape[1], k.shape[1]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -116,7 +126,7 @@ def mix(
     if mask is not None:
         mask = jnp.asarray(mask, bool)
     kw = dict(q_offset=q_offset, q_segments=q_segments, kv_segments=kv_segments, mask=mask,
-              sinks=sinks, window=window)  # fmt: skip
+              sinks=sinks, window=window, chunk=chunk)  # fmt: skip
     if impl == "xla":
         return _softmax_mix(q, k, v, causal=causal, scale=scale, **kw)
     if impl == "dot_product":

@@ -30,7 +30,7 @@ from rope_jax.nn.kernels.common import _and, _causal_keep, _group_mask, _pad_axi
 # the inner loop runs over query blocks accumulating that key block's dK, dV.
 # Causal loops skip blocks that are entirely in the future, and with a sliding window W
 # those wholly before it: a query block visits about (W + block) / block key blocks, so
-# the work is O(T * W) instead of O(T^2).
+# the work is O(T * W) instead of O(T^2); with a chunk C, those of other chunks (O(T * C)).
 #
 # A sink z (one logit per query head) starts each row's statistics as a key of logit z
 # and no value: m_0 = z, l_0 = 1, a_0 = 0. Then L is the logsumexp over the keys and the
@@ -48,6 +48,7 @@ class _Config(NamedTuple):
     kv_len: int  # valid keys S; keys at S..S_padded-1 are padding
     scale: float
     window: int | None  # sliding window W (with causality); None = none
+    chunk: int | None  # chunk C (with causality): keys of the query's own chunk; None = none
 
 
 class _Masks(NamedTuple):
@@ -60,7 +61,7 @@ class _Masks(NamedTuple):
 
 
 def _mix_chunked(
-    q, k, v, *, q_offset, q_segments, kv_segments, mask, scale, block_size: int, sinks, window
+    q, k, v, *, q_offset, q_segments, kv_segments, mask, scale, block_size, sinks, window, chunk
 ) -> jax.Array:
     """Blockwise online-softmax attention; pads T and S to whole blocks internally."""
     (b, t, n, h), (s, kh) = q.shape, k.shape[1:3]
@@ -68,7 +69,7 @@ def _mix_chunked(
         raise ValueError(f"block_size={block_size} must be positive")
     bq, bk = min(block_size, t), min(block_size, s)
     tp, sp = -(-t // bq) * bq, -(-s // bk) * bk
-    cfg = _Config(bq, bk, tp // bq, sp // bk, s, float(scale), window)
+    cfg = _Config(bq, bk, tp // bq, sp // bk, s, float(scale), window, chunk)
     pad = lambda x, length, axis, value=0: _pad_axis(x, length, axis, value)
     masks = _Masks(
         None if q_offset is None else jnp.asarray(q_offset, jnp.int32),
@@ -117,7 +118,7 @@ def _block_keep(cfg: _Config, masks: _Masks, t0, s0):
     if cfg.num_k_blocks * cfg.block_k != cfg.kv_len:  # padded keys
         keep = (s_idx < cfg.kv_len)[None, None, None, None, :]
     if masks.q_offset is not None:
-        causal = _causal_keep(t_idx, s_idx, masks.q_offset, cfg.window)
+        causal = _causal_keep(t_idx, s_idx, masks.q_offset, cfg.window, cfg.chunk)
         keep = _and(keep, causal[None, None, :, None, :])
     if masks.q_segments is not None:
         qs = lax.dynamic_slice_in_dim(masks.q_segments, t0, cfg.block_q, axis=1)
@@ -131,26 +132,33 @@ def _block_keep(cfg: _Config, masks: _Masks, t0, s0):
 
 def _k_block_range(cfg: _Config, q_offset, t0):
     """Key blocks [lo, hi) that the query block at t0 can see (causal: not the future;
-    window W: not before the first row's oldest key t0 + q_offset - W + 1)."""
+    window W: not before the first row's oldest key t0 + q_offset - W + 1; chunk C: not
+    before the first row's chunk start)."""
     if q_offset is None:
         return 0, cfg.num_k_blocks
     last_key = t0 + cfg.block_q - 1 + q_offset  # the last query row's last key
     hi = jnp.clip(last_key // cfg.block_k + 1, 0, cfg.num_k_blocks)
-    if cfg.window is None:
-        return 0, hi
-    first_key = t0 + q_offset - cfg.window + 1  # the first query row's oldest key
+    first_key = 0
+    if cfg.window is not None:  # the first query row's oldest key
+        first_key = jnp.maximum(first_key, t0 + q_offset - cfg.window + 1)
+    if cfg.chunk is not None:  # the first query row's chunk start
+        first_key = jnp.maximum(first_key, (t0 + q_offset) // cfg.chunk * cfg.chunk)
     return jnp.clip(first_key // cfg.block_k, 0, cfg.num_k_blocks), hi
 
 
 def _q_block_range(cfg: _Config, q_offset, s0):
     """Query blocks [lo, hi) that can see the key block at s0 (causal: t >= s0 - q_offset;
-    window W: t <= s0 + block_k - 1 - q_offset + W - 1, the last key still in view)."""
+    window W: t <= s0 + block_k - 1 - q_offset + W - 1, the last key still in view; chunk
+    C: t + q_offset in the last key's chunk or before)."""
     if q_offset is None:
         return 0, cfg.num_q_blocks
     lo = jnp.clip((s0 - q_offset) // cfg.block_q, 0, cfg.num_q_blocks)
-    if cfg.window is None:
-        return lo, cfg.num_q_blocks
-    last_query = s0 + cfg.block_k - 2 - q_offset + cfg.window
+    last_query = cfg.num_q_blocks * cfg.block_q - 1
+    if cfg.window is not None:
+        last_query = jnp.minimum(last_query, s0 + cfg.block_k - 2 - q_offset + cfg.window)
+    if cfg.chunk is not None:  # the last key's chunk ends at key (.. + 1) C - 1
+        chunk_end = ((s0 + cfg.block_k - 1) // cfg.chunk + 1) * cfg.chunk - 1
+        last_query = jnp.minimum(last_query, chunk_end - q_offset)
     return lo, jnp.clip(last_query // cfg.block_q + 1, 0, cfg.num_q_blocks)
 
 

@@ -40,6 +40,18 @@ def _check_window(window, causal: bool) -> int | None:
     return int(window)
 
 
+def _check_chunk(chunk, causal: bool) -> int | None:
+    """None, or a positive Python int C that comes with causal=True."""
+    if chunk is None:
+        return None
+    if isinstance(chunk, bool) or not isinstance(chunk, int | np.integer) or chunk < 1:
+        raise ValueError(f"chunk={chunk!r} must be a positive int (keys s <= t with "
+                         "s // C == t // C) or None")  # fmt: skip
+    if not causal:
+        raise ValueError(f"chunk={chunk} needs causal=True (a chunk looks back only)")
+    return int(chunk)
+
+
 def _check_sinks(sinks, num_heads: int):
     """None, or float32 [N]: one sink logit per query head."""
     if sinks is None:
@@ -71,12 +83,15 @@ def _is_static(q_offset) -> bool:
     return isinstance(q_offset, int)
 
 
-def _causal_keep(t_idx, s_idx, q_offset, window: int | None = None):
+def _causal_keep(t_idx, s_idx, q_offset, window: int | None = None, chunk: int | None = None):
     """[T, S] bool: query t attends key s iff s <= t + q_offset (and, with a window W,
-    s > t + q_offset - W)."""
-    keep = s_idx[None, :] <= t_idx[:, None] + q_offset
+    s > t + q_offset - W; with a chunk C, s // C == (t + q_offset) // C)."""
+    at = t_idx[:, None] + q_offset  # the query's own key index
+    keep = s_idx[None, :] <= at
     if window is not None:
-        keep &= s_idx[None, :] > t_idx[:, None] + q_offset - window
+        keep &= s_idx[None, :] > at - window
+    if chunk is not None:
+        keep &= s_idx[None, :] // chunk == at // chunk
     return keep
 
 
@@ -98,11 +113,13 @@ def _and(a, b):
     return b if a is None else a & b
 
 
-def _dense_keep(t: int, s: int, *, q_offset, q_segments, kv_segments, mask, window=None):
+def _dense_keep(
+    t: int, s: int, *, q_offset, q_segments, kv_segments, mask, window=None, chunk=None
+):
     """Combined keep-mask [B or 1, 1 or N, T, S] (the BNTS layout of jax.nn), or None."""
     keep = None if mask is None else mask
     if q_offset is not None:
-        causal = _causal_keep(jnp.arange(t), jnp.arange(s), q_offset, window)
+        causal = _causal_keep(jnp.arange(t), jnp.arange(s), q_offset, window, chunk)
         keep = _and(keep, causal[None, None])
     if q_segments is not None:
         keep = _and(keep, _segment_keep(q_segments, kv_segments)[:, None])

@@ -10,7 +10,7 @@ from rope_jax.nn.kernels.xla import _softmax_mix
 
 
 def _mix_dot_product(
-    q, k, v, *, q_offset, q_segments, kv_segments, mask, scale, sinks, window
+    q, k, v, *, q_offset, q_segments, kv_segments, mask, scale, sinks, window, chunk
 ) -> jax.Array:
     """`jax.nn.dot_product_attention`, with masks expressed the cheapest way it accepts.
 
@@ -24,7 +24,8 @@ def _mix_dot_product(
     - causal with T == 1 (decoding one token), any q_offset, static or traced: the key
       range s <= q_offset is `key_value_seq_lengths = q_offset + 1`, no dense mask.
     - segment ids (not in the public API), a traced or nonzero q_offset with T > 1 (or
-      T == 1 with a window), or a user `mask`: the slow path. Everything is folded into
+      T == 1 with a window), a chunk C (jax.nn has no chunked mask), or a user `mask`:
+      the slow path. Everything is folded into
       one dense bool mask [B or 1, 1 or N, T, S] passed as `mask` (O(T * S) bytes; cuDNN
       adds it as a bias and cannot skip masked blocks). It stays on the same backend, so
       results agree with the other impls on every input; use "chunked" (or "splash" on
@@ -41,25 +42,27 @@ def _mix_dot_product(
     if sinks is not None:
         kw = dict(q_offset=q_offset, q_segments=q_segments, kv_segments=kv_segments)
         return _softmax_mix(q, k, v, mask=mask, causal=q_offset is not None, scale=scale,
-                            sinks=sinks, window=window, **kw)  # fmt: skip
+                            sinks=sinks, window=window, chunk=chunk, **kw)  # fmt: skip
     (b, t, _, h), s = q.shape, k.shape[1]
     dtype = jnp.result_type(q, k, v)  # jax.nn wants one dtype for q, k, v
     q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
-    is_causal = q_offset is not None and _is_static(q_offset) and q_offset == 0
+    is_causal = q_offset is not None and _is_static(q_offset) and q_offset == 0 and not chunk
     dense_offset = q_offset if (q_offset is not None and not is_causal) else None
     kv_lengths = None
     local = (window - 1, 0) if is_causal and window is not None else None
-    if dense_offset is not None and t == 1 and mask is None and q_segments is None and not window:
+    plain = mask is None and q_segments is None and not window and not chunk
+    if dense_offset is not None and t == 1 and plain:
         kv_lengths = jnp.clip(jnp.asarray(q_offset, jnp.int32) + 1, 1, s)  # >= 1: no NaN
         kv_lengths = jnp.broadcast_to(kv_lengths, (b,)).astype(jnp.int32)
         has_key = jnp.asarray(q_offset >= 0)  # q_offset < 0: no key; the row is zeroed
         dense_offset = None
     else:
         has_key = None
-    segs = dict(q_segments=q_segments, kv_segments=kv_segments, mask=mask)
-    keep = _dense_keep(t, s, q_offset=dense_offset, window=window, **segs)
+    segs = dict(q_segments=q_segments, kv_segments=kv_segments, mask=mask, window=window,
+                chunk=chunk)  # fmt: skip
+    keep = _dense_keep(t, s, q_offset=dense_offset, **segs)
     if keep is not None:  # rows may be empty: check them against every condition
-        has_key = _rows_with_keys(_dense_keep(t, s, q_offset=q_offset, window=window, **segs))
+        has_key = _rows_with_keys(_dense_keep(t, s, q_offset=q_offset, **segs))
     implementation = _dot_product_backend(dtype, h, t, s, dense_mask=keep is not None)
     o = jax.nn.dot_product_attention(
         q,

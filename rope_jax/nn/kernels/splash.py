@@ -9,7 +9,7 @@ from rope_jax.nn.kernels.common import _dense_keep, _is_static, _pad_axis, _rows
 
 
 def _mix_splash(
-    q, k, v, *, q_offset, q_segments, kv_segments, mask, scale, block_size: int, sinks, window
+    q, k, v, *, q_offset, q_segments, kv_segments, mask, scale, block_size, sinks, window, chunk
 ) -> jax.Array:
     """TPU Pallas splash attention (block-sparse flash attention).
 
@@ -37,15 +37,18 @@ def _mix_splash(
     dynamic = dynamic or (q_offset is not None and q_offset < 0)
     if window is not None and not dynamic:  # a padded or late query row may see no key
         dynamic = tp != t or t + q_offset > s
+    if chunk is not None and not dynamic:  # the lazy chunked mask starts at key 0
+        dynamic = tp != t or t > s or q_offset != 0 or window is not None
     if mask is not None and mask.shape[0] != 1:
         raise ValueError("impl='splash' takes a dense mask with batch 1; use impl='chunked'")
 
     has_key = None  # which rows have a key at all, where some may not: [B|1, T, 1|N, 1]
     if dynamic or q_segments is not None:
         segs = dict(q_segments=q_segments, kv_segments=kv_segments, mask=mask)
-        has_key = _rows_with_keys(_dense_keep(t, s, q_offset=q_offset, window=window, **segs))
+        segs.update(window=window, chunk=chunk)
+        has_key = _rows_with_keys(_dense_keep(t, s, q_offset=q_offset, **segs))
     heads_mask = _splash_heads_mask(
-        splash, q_offset, mask, dynamic, n, (t, s), (tp, sp), window=window
+        splash, q_offset, mask, dynamic, n, (t, s), (tp, sp), window=window, chunk=chunk
     )
     segments = _splash_segments(q_segments, kv_segments, b, s, (tp, sp))
     kernel = _splash_kernel(splash, heads_mask, bq, bk, dynamic)
@@ -66,19 +69,25 @@ def _mix_splash(
     return o if has_key is None else jnp.where(has_key, o, 0.0)
 
 
-def _splash_heads_mask(splash, q_offset, mask, dynamic: bool, n: int, lengths, padded, *, window):
+def _splash_heads_mask(
+    splash, q_offset, mask, dynamic: bool, n: int, lengths, padded, *, window, chunk=None
+):
     """The kernel's mask over the padded [Tp, Sp] square for each of the N heads: a dense
     one (dynamic: traced offset or user mask, no row left all-skipped) or a lazy one."""
     (t, s), (tp, sp) = lengths, padded
     if dynamic:
         heads = _dense_keep(t, s, q_offset=q_offset, q_segments=None, kv_segments=None,
-                            mask=mask, window=window)  # fmt: skip
+                            mask=mask, window=window, chunk=chunk)  # fmt: skip
         heads = heads[0]  # [1 or N, T, S]: batch 1
         heads = heads | ~heads.any(-1, keepdims=True)  # no all-skipped rows (zeroed later)
         heads = _pad_axis(_pad_axis(heads, tp, 1, True), sp, 2, False)
         return jnp.broadcast_to(heads, (n, tp, sp))
     if q_offset is None:
         one = splash.FullMask((tp, sp))
+    elif chunk is not None:  # q_offset 0, no window (else dynamic); not in the package API
+        from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask
+
+        one = splash_attention_mask.ChunkedCausalMask((tp, sp), chunk_size=chunk)
     elif window is None:
         one = splash.CausalMask((tp, sp), offset=q_offset)
     else:

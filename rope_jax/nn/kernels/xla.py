@@ -21,6 +21,7 @@ def _softmax_mix(
     kv_segments=None,
     sinks=None,
     window: int | None = None,
+    chunk: int | None = None,
 ) -> jax.Array:
     """sum_s softmax_s(q . k_s * scale) v_s for GQA heads; float32 [B, T, N, H].
 
@@ -38,7 +39,7 @@ def _softmax_mix(
     logits = jnp.einsum("BTKGH,BSKH->BKTGS", qg, k, preferred_element_type=jnp.float32)
     logits = logits * scale  # [B, K, T, G, S]
     keep = _mask(mask, causal, t, s, kh, q_offset=q_offset, q_segments=q_segments,
-                 kv_segments=kv_segments, window=window)  # fmt: skip
+                 kv_segments=kv_segments, window=window, chunk=chunk)  # fmt: skip
     if keep is not None:
         logits = jnp.where(keep, logits, jnp.finfo(jnp.float32).min)
     if sinks is None:
@@ -95,18 +96,20 @@ def _mask(
     q_segments=None,
     kv_segments=None,
     window: int | None = None,
+    chunk: int | None = None,
 ):
     """Combined bool keep-mask broadcastable to the scores [B, K, T, G, S] (5-D), or None.
 
     `mask` is [B or 1, 1 or N, T, S] with head n = k * G + g. With `causal`, query t
     attends key s iff s <= t + q_offset (q_offset None: S - T, the queries are the last T
-    keys), and with a `window` W also s > t + q_offset - W. `q_segments` [B, T] and
+    keys), with a `window` W also s > t + q_offset - W, with a `chunk` C also
+    s // C == (t + q_offset) // C. `q_segments` [B, T] and
     `kv_segments` [B, S]: attend only within a document.
     """
     keep = None
     if causal:
         offset = s - t if q_offset is None else q_offset
-        keep = _causal_keep(jnp.arange(t), jnp.arange(s), offset, window)
+        keep = _causal_keep(jnp.arange(t), jnp.arange(s), offset, window, chunk)
         keep = keep[None, None, :, None, :]
     if q_segments is not None:
         keep = _and(keep, _segment_keep(q_segments, kv_segments)[:, None, :, None, :])
