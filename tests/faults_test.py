@@ -345,6 +345,7 @@ def test_a_flipped_byte_is_named_and_fallback_uses_the_previous_step(
     checkpoint.Manager(resumed, read_only=True).restore(20, run.abstract)  # verifies
 
 
+@pytest.mark.slow
 def test_a_truncated_file_stops_train_and_eval_naming_the_step(data_dir, saved, tmp_path):
     config = tiny(data_dir)
     workdir = copy_run(saved, tmp_path)
@@ -622,6 +623,7 @@ def test_a_signal_wrapped_by_the_code_it_landed_in_escapes_as_the_signal():
         raise ValueError("a real error")
 
 
+@pytest.mark.slow
 def test_a_ctrl_c_while_the_command_starts_is_held_then_acted_on(capsys):
     """`hold_signals` (an entry point's first line): a Ctrl-C while JAX imports is held
     and raised by `release_signals` (main's first line); one that Python then drops where
@@ -685,6 +687,7 @@ def test_a_signal_held_while_the_command_starts_stops_it_with_one_line():
     assert (proc.returncode, proc.stderr) == (143, "error: interrupted by SIGTERM\n")
 
 
+@pytest.mark.slow
 def test_a_ctrl_c_dropped_where_it_landed_is_delivered_again_and_stops_the_command():
     """Outside `Interrupts`/`StopAtOnce`: Python dropped a Ctrl-C raised in a `__del__`
     (as in JAX's garbage-collector callback) and the command ran on."""

@@ -167,6 +167,7 @@ def test_greedy_generate_equals_naive_greedy(kv, sites):
     np.testing.assert_array_equal(np.asarray(shifted), np.asarray(expected))
 
 
+@pytest.mark.slow
 def test_decoding_in_chunks_changes_no_token_and_a_watch_stops_it_between_them(monkeypatch):
     """`generate` decodes CHUNK tokens per compiled call (progress and signals between
     calls): the tokens do not depend on CHUNK, greedy or sampled."""
@@ -265,6 +266,7 @@ def test_jax_jit_of_decode_has_one_compile_per_shape():
     assert len(calls) == 1 and int(cache["index"]) == 4
 
 
+@pytest.mark.slow
 def test_a_length_reading_rule_decodes_at_the_length_of_the_whole_continuation(monkeypatch):
     """Under `dynamic` (frequencies from the current length) every token of a continuation
     reads prompt + max_new_tokens, as one full pass over it does, whatever CHUNK and the

@@ -73,6 +73,7 @@ def test_pack_takes_slices_spread_over_the_whole_split(corpus, tmp_path):
     assert starts == sorted(starts) and starts[1] > 500 and starts[2] < len(stream) - 1000
 
 
+@pytest.mark.slow
 def test_pack_refuses_what_would_not_travel(corpus, tmp_path, monkeypatch):
     out, _ = corpus
     monkeypatch.setattr(gpu_data, "LIMIT_MIB", 1)
@@ -140,6 +141,7 @@ def test_a_stage_resumes_after_its_finished_items(tmp_path):
     assert "## rung (done)" in page
 
 
+@pytest.mark.slow
 def test_a_rung_trains_rows_again_at_another_seed_beside_its_table(corpus, tmp_path):
     """--rung_seed/--rung_rows add seed 1 of a row to a finished rung: its own init and
     data order, seed 0's table untouched, both seeds in the page and the sweep file."""

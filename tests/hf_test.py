@@ -142,6 +142,7 @@ def test_bfloat16_weights_stay_bfloat16_unless_asked():
     assert {x.dtype for x in jax.tree.leaves(nnx.state(wide, nnx.Param))} == {np.dtype("float32")}
 
 
+@pytest.mark.slow
 def test_imported_model_decodes_with_its_cache():
     """Greedy decoding with the key/value cache equals argmax of full forward passes."""
     model, _, tok = hf.load(fixture("qwen3"))

@@ -29,6 +29,7 @@ def test_free_memory_is_read_from_meminfo(tmp_path):
         assert hostmem.available_bytes() > 0  # this machine's
 
 
+@pytest.mark.slow
 def test_the_bound_stays_under_what_xla_allocates(data_dir):
     """'At least' must hold: the train step's bound (less the host batch) is no more than
     XLA's state + temporaries for it, the evaluation's no more than its step's."""

@@ -301,6 +301,7 @@ def _assert_decoding_equals_forward(kind, kv, sites, num_axes=1, **extra):
                                err_msg=f"{kind} {kv} {sites} A={num_axes}")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_tied_commuting_decoding_with_2d_positions_equals_forward():
     _assert_decoding_equals_forward("commuting", "tied", "qkvo", num_axes=2)
 
