@@ -436,6 +436,8 @@ REFUSED = {
                                    "model.attention.qkv_bias": True},
     "model.attention.window=16": {"model.attention.window": 16,
                                   "model.attention.qk_norm": True},
+    "model.attention.chunk=8": {"model.attention.chunk": 8},
+    "model.attention.qk_l2_norm=True": {"model.attention.qk_l2_norm": True},
     "partial_rotary_factor=0.5": {"model.rope.scaling.rope_type": "yarn",
                                   "model.rope.scaling.partial_rotary_factor": 0.5},
 }  # fmt: skip

@@ -332,6 +332,10 @@ def check_exportable(model_cfg, *, num_axes: int = 1) -> None:
          not (m.attention.window and (m.attention.qkv_bias or m.attention.qk_norm)),
          "Mistral and GraniteSWA, the HF classes with sliding windows, have no q/k/v biases "
          "or q/k norms"),
+        ("model.attention.chunk", m.attention.chunk, not m.attention.chunk,
+         "chunked attention is Llama 4's, whose HF class holds a mixture of experts"),
+        ("model.attention.qk_l2_norm", m.attention.qk_l2_norm, not m.attention.qk_l2_norm,
+         "the weightless q/k L2 norm is Llama 4's, whose HF class holds a mixture of experts"),
         ("model.rope.ladder", rope.ladder, rope.ladder == "standard",
          "transformers' ladder is base ** (-2i / H)"),
         ("data (position axes)", num_axes, num_axes == 1,
