@@ -56,6 +56,7 @@ import ml_collections
 
 from rope_jax import defaults
 from rope_jax.data import multimodal
+from rope_jax.data.byte_ids import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, decode, encode
 from rope_jax.data.corpora import CORPORA, RopePythonStdlib, RopeShakespeare
 from rope_jax.data.digits import RopeDigits
 from rope_jax.data.kinds import (
@@ -70,7 +71,6 @@ from rope_jax.data.kinds import (
 )
 from rope_jax.data.pipeline import Windows
 from rope_jax.data.sources import DataSourceError, documents, token_stream
-from rope_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, decode, encode
 
 
 def default_config() -> ml_collections.ConfigDict:

@@ -35,8 +35,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from rope_jax.data import archives, corpora, multimodal, readers, shards, splits, tfds_datasets
+from rope_jax.data.byte_ids import EOS_ID
 from rope_jax.data.readers import DataSourceError, Doc
-from rope_jax.data.tokenizer import EOS_ID
 
 
 def _data_dir(data_config) -> str | None:
