@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_child  # noqa: E402
 
 from rope_jax import provenance  # noqa: E402
-from rope_jax.data import archives, readers, splits, tokenizers  # noqa: E402
+from rope_jax.data import archives, sources, splits, tokenizers  # noqa: E402
 
 GROUPS = (  # (name, path prefix inside the tree); first match wins, "" matches all
     ("AMD GPU register tables (generated headers)", "drivers/gpu/drm/amd/include/asic_reg/"),
@@ -57,7 +57,7 @@ def count(source: str, tokenizer, permille: int) -> dict:
     table = {name: {"sample_bytes": 0, "sample_tokens": 0, **{s: {"documents": 0, "bytes": 0}
                                                              for s in splits.SPLITS}}
              for name, _ in GROUPS}  # fmt: skip
-    for doc in readers.documents(source):
+    for doc in sources.read(source):
         text = doc.read()
         size = len(text.encode("utf-8"))
         row = table[group_of(doc.key)]

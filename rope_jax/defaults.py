@@ -204,7 +204,7 @@ def attention() -> ml_collections.ConfigDict:
 def data(shape: dict = SHAPE) -> ml_collections.ConfigDict:
     """The data (`config.data`)."""
     data = ml_collections.ConfigDict()
-    data.name = "shakespeare"  # shakespeare | python_stdlib | a prepared dataset | TFDS name
+    data.name = "shakespeare"  # corpus, archive, prepared dataset, family, TFDS (sources.resolve)
     data.files = ""  # glob of local text files; when set, replaces name
     data.data_dir = ""  # TFDS / prepared data dir; "" = the TFDS default (~/tensorflow_datasets)
     # tokenizer: "" = the data's own (bytes for raw text, the stored one of a prepared

@@ -3,8 +3,9 @@ r"""Draws the package's import graph into docs/packages.png (and prints it as te
   python scripts/import_graph.py            # docs/packages.png
   python scripts/import_graph.py --check    # only list the floors and the imports inside
                                             # functions; fails on an import cycle between
-                                            # packages, on library code importing configs/,
-                                            # or on a function over MAX_FUNCTION_LINES lines
+                                            # packages or between the modules of data/, on
+                                            # library code importing configs/, or on a
+                                            # function over MAX_FUNCTION_LINES lines
 
 Every module of `rope_jax` is a box; an arrow a -> b means a imports b (dashed: inside
 a function, imported only when called). Modules are stacked in floors: a module sits one
@@ -153,7 +154,26 @@ def package_cycles(found: list[Import]) -> list[str]:
     """One line per cycle between packages, naming its packages and the import that
     closes it (an import inside a function if one does, the hidden one); each cycle
     found loses that edge, so every edge closes at most one line."""
-    edges = package_edges(found)
+    return _cycles(package_edges(found))
+
+
+# Packages whose modules import one another without a cycle, imports inside functions
+# counted (the rest of the library is checked package by package).
+ACYCLIC = ("data",)
+
+
+def module_cycles(found: list[Import], package: str) -> list[str]:
+    """One line per import cycle between the modules of `package` (e.g. rope_jax.data),
+    each named with the import that closes it, as `package_cycles` does for packages."""
+    edges: dict[tuple[str, str], list[Import]] = {}
+    for imp in found:
+        inside = imp.source.startswith(f"{package}.") and imp.target.startswith(f"{package}.")
+        if inside and imp.source != imp.target:
+            edges.setdefault((imp.source, imp.target), []).append(imp)
+    return _cycles(edges)
+
+
+def _cycles(edges: dict[tuple[str, str], list[Import]]) -> list[str]:
     succ: dict[str, set[str]] = {}
     for a, b in edges:
         if a != b:
@@ -274,6 +294,8 @@ def main(argv=None) -> int:
     found = scan(package)[1]
     print("\n".join(local_imports(found)))
     problems = package_cycles(found) + configs_imports(found)
+    for sub in ACYCLIC:
+        problems += module_cycles(found, f"{package.name}.{sub}")
     problems += [f"over {MAX_FUNCTION_LINES} lines: {line}"
                  for line in long_functions(None if package == PACKAGE else [package])]  # fmt: skip
     for line in problems:

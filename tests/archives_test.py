@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from rope_jax.data import archives, readers, splits
+from rope_jax.data import archives, readers, sources, splits
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def tree(tmp_path, monkeypatch):
 
 
 def test_text_files_are_documents_and_binaries_are_not(tree):
-    docs = list(readers.documents("linux_source"))
+    docs = list(sources.read("linux_source"))
     keys = [d.key for d in docs]
     assert "kernel/fork.c" in keys and "Documentation/admin.rst" in keys
     assert "arch/x86/Kconfig" in keys
@@ -47,24 +47,24 @@ def test_text_files_are_documents_and_binaries_are_not(tree):
     assert fork.read() == "int fork(void) { return 0; }\n" * 20
     for d in docs:  # the split is the path's, whatever the tokenizer or the order
         assert d.split == splits.by_name(d.key, validation_percent=1, test_percent=1)
-    assert readers.fingerprint("linux_source") == readers.fingerprint("linux_source")
+    assert sources.fingerprint("linux_source") == sources.fingerprint("linux_source")
 
 
 def test_a_selection_keeps_or_leaves_out_paths_and_keeps_their_splits(tree):
-    full = {d.key: d.split for d in readers.documents("linux_source")}
-    kept = {d.key: d.split for d in readers.documents("linux_source:kernel/,arch/")}
+    full = {d.key: d.split for d in sources.read("linux_source")}
+    kept = {d.key: d.split for d in sources.read("linux_source:kernel/,arch/")}
     assert kept == {
         "kernel/fork.c": full["kernel/fork.c"],
         "arch/x86/Kconfig": full["arch/x86/Kconfig"],
     }
-    rest = {d.key: d.split for d in readers.documents("linux_source:-drivers/,-kernel/")}
+    rest = {d.key: d.split for d in sources.read("linux_source:-drivers/,-kernel/")}
     assert rest == {k: v for k, v in full.items() if not k.startswith(("drivers/", "kernel/"))}
-    mixed = {d.key for d in readers.documents("linux_source:drivers/,-drivers/d1")}
+    mixed = {d.key for d in sources.read("linux_source:drivers/,-drivers/d1")}
     assert mixed == {k for k in full if k.startswith("drivers/") and not k.startswith("drivers/d1")}
-    assert readers.fingerprint("linux_source:kernel/") == readers.fingerprint("linux_source")
+    assert sources.fingerprint("linux_source:kernel/") == sources.fingerprint("linux_source")
     for bad in ("linux_source:", "linux_source:kernel/,", "linux_source:-"):
         with pytest.raises(readers.PrepareError, match="comma-separated path prefixes"):
-            list(readers.documents(bad))
+            list(sources.read(bad))
 
 
 def test_a_missing_package_is_one_line(tmp_path, monkeypatch):
@@ -73,7 +73,7 @@ def test_a_missing_package_is_one_line(tmp_path, monkeypatch):
                         archives.Archive(str(tmp_path / "none.tar.xz"), archive.package,
                                          archive.suffixes, archive.names))  # fmt: skip
     with pytest.raises(readers.PrepareError, match=r"apt-get install linux-source-6.12"):
-        list(readers.documents("linux_source"))
+        list(sources.read("linux_source"))
 
 
 def test_prepare_says_so_in_one_line_without_the_package():
@@ -108,7 +108,7 @@ def test_composition_counts_every_byte_once_and_estimates_tokens(tree, tmp_path)
 
     byte_tok = tokenizers.ByteTokenizer()
     table = comp.count("linux_source", byte_tok, permille=1000)  # every document sampled
-    docs = list(readers.documents("linux_source"))
+    docs = list(sources.read("linux_source"))
     for s in splits.SPLITS:
         want = sum(len(d.read().encode()) for d in docs if d.split == s)
         assert sum(row[s]["bytes"] for row in table.values()) == want

@@ -69,6 +69,21 @@ def test_without_the_hidden_import_the_tree_passes(tmp_path, capsys):
     assert "  pkg.b -> pkg.b\n    " in capsys.readouterr().out
 
 
+def test_a_module_cycle_inside_data_fails_the_check(tmp_path, capsys):
+    """Inside data/ the modules themselves import one another without a cycle: one
+    closed by an import inside a function is named, with that import."""
+    package = _tree(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/data/__init__.py": "",
+        "pkg/data/readers.py": "def read():\n    from pkg.data import archives\n",
+        "pkg/data/archives.py": "from pkg.data import readers\n",
+    })  # fmt: skip
+    assert import_graph.main(["--check", f"--package={package}"]) == 1
+    out = capsys.readouterr().out
+    assert "import cycle: pkg.data.archives -> pkg.data.readers -> pkg.data.archives" in out
+    assert "pkg/data/readers.py:2 in read (pkg.data.archives)" in out.split("import cycle")[1]
+
+
 def test_a_library_module_importing_configs_fails_the_check(tmp_path, capsys):
     package = _tree(tmp_path, {
         "pkg/__init__.py": "",

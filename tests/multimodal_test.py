@@ -17,7 +17,7 @@ from configs import common
 from configs import multimodal as mm_config
 from rope_jax import data, harness, layouts
 from rope_jax.data import digits, multimodal
-from rope_jax.data.tokenizer import PAD_ID
+from rope_jax.data.byte_ids import PAD_ID
 from rope_jax.experiments import plan
 from rope_jax.harness import metrics
 

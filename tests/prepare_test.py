@@ -19,7 +19,7 @@ import pytest
 
 import rope_jax.data.preparation as prep
 from rope_jax import data
-from rope_jax.data import corpora, shards, tokenizer, tokenizers
+from rope_jax.data import byte_ids, corpora, shards, tokenizers
 
 WORDS = "the of and to in is naïve ∀x 日本 café <eos> <pad> 🙂 \t def return".split(" ")
 
@@ -110,7 +110,7 @@ def _reference_stream(tok, texts) -> np.ndarray:
 def test_bytes_tokenizer_keeps_todays_ids():
     tok = tokenizers.from_spec("bytes")
     text = "naïve ∀x <eos>\n"
-    assert tok.encode(text) == tokenizer.encode(text).tolist()
+    assert tok.encode(text) == byte_ids.encode(text).tolist()
     assert (tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id) == (259, 256, 257, 258)
     assert tok.decode(tok.encode(text) + [tok.eos_id]) == text
     assert tok.token_byte_lengths().sum() == 256
@@ -427,7 +427,7 @@ def test_tfds_source_keeps_its_held_out_splits(data_dir, tmp_path, monkeypatch):
     config.name, config.data_dir = "shakespeare", data_dir
     for split in prep.SPLITS:
         want = [d.decode() for d in data.documents(config, split)][:2]
-        got = _split_docs(shards.open_split(str(tmp_path / "plays"), split), tokenizer)
+        got = _split_docs(shards.open_split(str(tmp_path / "plays"), split), byte_ids)
         assert got == want and meta["splits"][split]["documents"] == len(want)
     with pytest.raises(ValueError, match="tfds:rope_shakespeare: no feature 'body'"):
         _prepare("tfds:rope_shakespeare", "bytes", tmp_path, "x", text_key="body")

@@ -12,10 +12,12 @@
 
 `config.data` fields (an ml_collections ConfigDict; `default_config()` gives every one):
   name:          "shakespeare" | "python_stdlib" (built on first use from files that
-                 ship with the installed packages) | a dataset prepared by
+                 ship with the installed packages) | "linux_source" (an archive, read
+                 with a data.tokenizer) | a multimodal family | a dataset prepared by
                  `python -m rope_jax.data.prepare` under data_dir (read from its shards
                  by random access, never loaded) | any TFDS dataset name, which must
                  already be on disk as array_record under data_dir (never downloaded).
+                 Which one, in what order: `sources.resolve`, the one place.
   files:         glob of local UTF-8 text files ("" = unused); when set it replaces
                  `name`. Documents (a .txt file, a .jsonl line, a .parquet row) are
                  held out by `splits` (1% validation, 1% test by a hash of the text,
@@ -54,6 +56,7 @@ import ml_collections
 
 from rope_jax import defaults
 from rope_jax.data import multimodal
+from rope_jax.data.byte_ids import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, decode, encode
 from rope_jax.data.corpora import CORPORA, RopePythonStdlib, RopeShakespeare
 from rope_jax.data.digits import RopeDigits
 from rope_jax.data.kinds import (
@@ -68,7 +71,6 @@ from rope_jax.data.kinds import (
 )
 from rope_jax.data.pipeline import Windows
 from rope_jax.data.sources import DataSourceError, documents, token_stream
-from rope_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, decode, encode
 
 
 def default_config() -> ml_collections.ConfigDict:

@@ -23,9 +23,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import posixpath
+from collections import Counter
 from collections.abc import Iterator
 
-from rope_jax.data.readers import PrepareError
+from rope_jax.data import splits
+from rope_jax.data.readers import Doc, PrepareError, decode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,3 +115,18 @@ def members(name: str, keeps=None) -> Iterator[tuple[str, bytes]]:
             if b"\0" in data:  # binary (firmware blobs, images with a text suffix)
                 continue
             yield rel, data
+
+
+def documents(source: str, tally: Counter | None = None) -> Iterator[Doc]:
+    """Every kept text file of the archive a `--source` selects, held out by a hash of
+    its path; `tally` counts the invalid UTF-8 byte sequences replaced, per file."""
+    chosen = selection(source)
+    percent = ARCHIVES[chosen.name].held_out_percent
+    for rel, data in members(chosen.name, chosen.keeps):
+        split = splits.by_name(rel, validation_percent=percent, test_percent=percent)
+        yield Doc(rel, split, lambda d=data, k=rel: decode(d, k, tally))
+
+
+def files(source: str) -> list[str]:
+    """The tarball the source reads (the same for every selection of it)."""
+    return [check(selection(source).name).path]

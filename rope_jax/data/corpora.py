@@ -18,10 +18,12 @@ import re
 import sys
 import sysconfig
 import tokenize
+from collections.abc import Iterator
 
 import tensorflow_datasets as tfds
 
 from rope_jax.data import splits
+from rope_jax.data.readers import Doc
 
 SPLITS = splits.SPLITS
 
@@ -191,6 +193,24 @@ CORPORA: dict[str, type[tfds.core.GeneratorBasedBuilder]] = {
     "shakespeare": RopeShakespeare,
     "python_stdlib": RopePythonStdlib,
 }
+
+
+def documents(name: str) -> Iterator[Doc]:
+    """Every document of a shipped corpus read from its files, with its fixed split:
+    the plays held out by name, the stdlib files by a hash of their path."""
+    if name == "shakespeare":
+        for play, path in play_files().items():
+            yield Doc(play, play_split(play),
+                      lambda p=path: markdown_to_text(p.read_text(encoding="utf-8")))  # fmt: skip
+    else:
+        for rel, path in stdlib_files().items():
+            yield Doc(rel, splits.by_name(rel), lambda p=path: read_source(p))
+
+
+def files(name: str) -> list[str]:
+    """The files a shipped corpus is read from, sorted by name."""
+    found = play_files() if name == "shakespeare" else stdlib_files()
+    return [str(p) for p in found.values()]
 
 
 def build_corpus(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:

@@ -203,7 +203,7 @@ def _kind(data_config) -> Text | Prepared | Multimodal:
 
 def _multimodal(data_config) -> Multimodal | None:
     """A digit-grid family named by `data.name` (not `data.files`)."""
-    if data_config.name not in multimodal.FAMILIES or data_config.files:
+    if not data_config.name or sources.resolve(data_config).kind != "multimodal":
         return None
     if prepared.tokenizer_spec(data_config) not in ("", "bytes"):
         raise ValueError(

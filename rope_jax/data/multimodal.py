@@ -46,7 +46,7 @@ import numpy as np
 
 from rope_jax import layouts
 from rope_jax.data import digits
-from rope_jax.data.tokenizer import PAD_ID
+from rope_jax.data.byte_ids import PAD_ID
 
 PATCH_DIM = digits.SIZE * digits.SIZE
 MAX_INDEX = 3  # questions name rows / columns / frames 1..3 only

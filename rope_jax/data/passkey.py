@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rope_jax.data.tokenizer import encode
+from rope_jax.data.byte_ids import encode
 
 DIGITS = 5  # digits of a pass key
 KEY = " The pass key is #{}. "  # the sentence hidden in the filler

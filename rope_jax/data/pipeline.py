@@ -25,7 +25,7 @@ import grain
 import numpy as np
 
 from rope_jax.data import packing, passkey, sources, synthetic, tokenizers
-from rope_jax.data.tokenizer import EOS_ID, PAD_ID
+from rope_jax.data.byte_ids import EOS_ID, PAD_ID
 
 # Batches are cut with vectorised numpy, so one worker thread plus a small buffer is
 # enough to keep the next batches ready while the accelerator runs a step.

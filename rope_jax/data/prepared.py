@@ -24,9 +24,8 @@ import json
 import os
 
 import grain
-import tensorflow_datasets as tfds
 
-from rope_jax.data import packing, pipeline, readers, shards, sources, synthetic, tokenizers
+from rope_jax.data import packing, pipeline, shards, sources, synthetic, tokenizers
 
 AUTO_DIR = "prepared"  # DIR/prepared/...: corpora prepared on first use
 VERIFIED = "verified.json"  # DIR/NAME/verified.json: shards whose sha256 matched
@@ -34,11 +33,6 @@ READ_OPTIONS = grain.ReadOptions(num_threads=2, prefetch_buffer_size=4)
 
 
 # ----------------------------------------------------------------------------- naming
-
-
-def root_dir(data_config) -> str:
-    """`data.data_dir`, or the TFDS default data dir."""
-    return os.path.expanduser(data_config.data_dir or tfds.core.constants.DATA_DIR)
 
 
 def tokenizer_spec(data_config) -> str:
@@ -49,22 +43,19 @@ def tokenizer_spec(data_config) -> str:
 def auto_source(data_config) -> str | None:
     """The `prepare --source` of a raw corpus to prepare on first use, or None when the
     config reads raw bytes (no tokenizer, or `bytes`) or names a prepared dataset."""
-    spec = tokenizer_spec(data_config)
-    if spec in ("", "bytes"):
+    if not sources.tokenizes(data_config):
         return None
-    files = data_config.files
-    if files:
-        return files
-    name = data_config.name
-    if name in _shipped():
-        return name
-    if _is_dataset(os.path.join(root_dir(data_config), name)):
+    source = sources.resolve(data_config)
+    if source.kind == "prepared":
         return None  # a prepared dataset: its tokenizer is checked in `check_tokenizer`
+    if source.kind in sources.SOURCES and sources.SOURCES[source.kind].auto_prepared:
+        return source.spec
+    spec = tokenizer_spec(data_config)
     raise sources.DataSourceError(
         f"data.tokenizer={spec!r} needs a corpus this project can read itself (a shipped "
-        f"corpus or data.files); for data.name={name!r} prepare it first: python -m "
-        f"rope_jax.data.prepare --source=... --tokenizer={spec} --name=NAME --data_dir=DIR, "
-        "then train with data.name=NAME data.data_dir=DIR"
+        f"corpus, an archive or data.files); for data.name={data_config.name!r} prepare it "
+        f"first: python -m rope_jax.data.prepare --source=... --tokenizer={spec} "
+        "--name=NAME --data_dir=DIR, then train with data.name=NAME data.data_dir=DIR"
     )
 
 
@@ -72,22 +63,12 @@ def dataset_path(data_config) -> str | None:
     """DIR/NAME of the prepared dataset this config reads, or None for raw text."""
     source = auto_source(data_config)
     if source is not None:
-        return os.path.join(root_dir(data_config), AUTO_DIR, _auto_name(data_config, source))
-    if data_config.files or not data_config.name:
-        return None
-    path = os.path.join(root_dir(data_config), data_config.name)
-    return path if _is_dataset(path) else None
-
-
-def _is_dataset(path: str) -> bool:
-    """A prepared dataset, complete (metadata.json) or being prepared (its staging dir)."""
-    return os.path.isfile(os.path.join(path, shards.METADATA)) or os.path.isdir(
-        os.path.join(path, ".staging")
-    )
-
-
-def _shipped() -> tuple:
-    return readers.SHIPPED
+        name = _auto_name(data_config, source)
+        return os.path.join(sources.root_dir(data_config), AUTO_DIR, name)
+    if not data_config.files and not data_config.name:
+        return None  # nothing named: the raw path says so in one line
+    source = sources.resolve(data_config)
+    return source.spec if source.kind == "prepared" else None
 
 
 def _auto_settings(data_config, source: str):
@@ -108,7 +89,7 @@ def _auto_name(data_config, source: str) -> str:
     tok = f"bpe{value}" if kind == "train" else _stem(value)
     if kind == "path" and os.path.exists(value):
         tok += "-" + _content_hash(value)
-    stem = source if source in _shipped() else "files"
+    stem = {"corpus": source, "files": "files"}.get(sources.parse(source).kind, "archive")
     key = json.dumps([source, settings.tokenizer, settings.text_key, settings.max_documents])
     return f"{stem}-{tok}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from rope_jax.data import tokenizer as byte_tokenizer
+from rope_jax.data import byte_ids
 
 INFO_FILE = "tokenizer_info.json"
 HF_FILE = "tokenizer.json"
@@ -109,19 +109,19 @@ class ByteTokenizer(Tokenizer):
 
     kind = "bytes"
     name = "bytes"
-    vocab_size = byte_tokenizer.VOCAB_SIZE
-    pad_id = byte_tokenizer.PAD_ID
-    bos_id = byte_tokenizer.BOS_ID
-    eos_id = byte_tokenizer.EOS_ID
+    vocab_size = byte_ids.VOCAB_SIZE
+    pad_id = byte_ids.PAD_ID
+    bos_id = byte_ids.BOS_ID
+    eos_id = byte_ids.EOS_ID
 
     def encode(self, text: str) -> list[int]:
-        return byte_tokenizer.encode(text).tolist()
+        return byte_ids.encode(text).tolist()
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        return [byte_tokenizer.encode_bytes(t.encode("utf-8")) for t in texts]
+        return [byte_ids.encode_bytes(t.encode("utf-8")) for t in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return byte_tokenizer.decode(np.fromiter(ids, dtype=np.int64))
+        return byte_ids.decode(np.fromiter(ids, dtype=np.int64))
 
     def token_byte_lengths(self) -> np.ndarray:
         lengths = np.zeros(self.vocab_size, dtype=np.int32)
@@ -144,7 +144,7 @@ class ByteTokenizer(Tokenizer):
         tok.decoder = decoders.ByteLevel()
         tok.add_special_tokens([PAD, BOS, EOS])  # the next ids: 256, 257, 258
         ids = [tok.token_to_id(t) for t in (PAD, BOS, EOS)]
-        if ids != [self.pad_id, self.bos_id, self.eos_id]:  # byte_tokenizer's ids changed
+        if ids != [self.pad_id, self.bos_id, self.eos_id]:  # byte_ids changed
             raise ValueError(f"byte specials landed at {ids}, not the byte tokenizer's ids")
         name = f"hf-bytes-{_text_hash(tok.to_str())}"
         return HFTokenizer(tok, name=name, pad_id=ids[0], bos_id=ids[1], eos_id=ids[2])

@@ -77,10 +77,10 @@ def problem(report: dict, names: list[str], data_dir: str | None) -> str | None:
     if missing:
         return f"the sweep's run {missing[0]} is not there ({len(missing)} missing)"
     if data_dir is None:  # the runs' own, as eval.py --data reads it
-        from rope_jax.data import prepared
+        from rope_jax.data import sources
         from rope_jax.harness import runfiles
 
-        data_dir = prepared.root_dir(runfiles.load_config(runs_of(report)[0]["workdir"]).data)
+        data_dir = sources.root_dir(runfiles.load_config(runs_of(report)[0]["workdir"]).data)
     for name in names:
         if not os.path.isfile(os.path.join(os.path.expanduser(data_dir), name, "metadata.json")):
             return (f"--data={name}: no prepared dataset {name} in {data_dir} "

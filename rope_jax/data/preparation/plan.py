@@ -8,7 +8,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Iterator
 
-from rope_jax.data import readers, splits
+from rope_jax.data import sources, splits
 from rope_jax.data.readers import Doc, PrepareError
 
 SPLITS = splits.SPLITS
@@ -35,14 +35,14 @@ class Settings:
 
 
 def documents(settings: Settings, tally: Counter | None = None) -> Iterator[Doc]:
-    """Every document of the source, in a fixed order (`readers.documents`); `tally`
+    """Every document of the source, in a fixed order (`sources.read`); `tally`
     counts the invalid UTF-8 byte sequences replaced, per file."""
-    return splits.cut_small(readers.documents(settings.source, settings.text_key, tally))
+    return splits.cut_small(sources.read(settings.source, settings.text_key, tally))
 
 
 def source_fingerprint(settings: Settings) -> str:
     """sha256 over (path, size, mtime) of the files the source reads."""
-    return readers.fingerprint(settings.source)
+    return sources.fingerprint(settings.source)
 
 
 @dataclasses.dataclass

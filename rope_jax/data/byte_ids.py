@@ -1,4 +1,5 @@
-"""Byte-level tokenizer: ids 0..255 are UTF-8 bytes, then three special ids.
+"""Byte-level ids: 0..255 are UTF-8 bytes, then three special ids (`tokenizers.ByteTokenizer`
+wraps them behind the interface of every tokenizer).
 
 No vocabulary file, no training, no unknown token: every string round-trips.
 
