@@ -4,7 +4,7 @@ the irope row (Llama 4) at every size."""
 import pytest
 from flax import nnx
 
-from configs import common, lm
+from configs import attention, common, lm
 from rope_jax import harness
 from rope_jax.nn import model as model_lib
 
@@ -160,3 +160,17 @@ def test_a_folder_of_runs_given_as_a_run_names_one_of_them(tmp_path):
         runfiles.load_config(str(tmp_path / "vo"))
     with pytest.raises(checkpoint.CheckpointError, match=r"not a training workdir$"):
         runfiles.load_config(str(tmp_path / "qk" / "seed_0" / "none"))
+
+
+def test_attention_rows_are_lms_rows_with_and_without_a_sink():
+    """Every row of configs/attention.py is lm's row of its name, plus the sink where the
+    name says so; each is a valid run; a sink on an open model's row is refused."""
+    for row in attention.rows():
+        config = attention.get_config(f"row={row}")
+        harness.check_config(config)
+        base = row.removesuffix("_sinks")
+        want = lm.get_config(f"row={base}")
+        want.model.attention.sinks = row.endswith("_sinks")
+        assert config.to_dict() == want.to_dict(), row
+    with pytest.raises(ValueError, match="row='irope_sinks' is not one of"):
+        attention.get_config("row=irope_sinks")

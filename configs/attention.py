@@ -1,0 +1,55 @@
+"""The attention of today's open models beside the rotation-site ablation; ROWS = the rows.
+
+  python -m rope_jax.experiments.sweep --config=configs/attention.py:size=tiny \
+      --workdir=runs/attention --seeds=2 --results=results/research/attention_variants
+  python train.py --config=configs/attention.py:size=tiny,row=qkvo_sinks --workdir=runs/x
+
+Questions: does an attention sink (one learnable logit per query head in every softmax
+denominator, gpt-oss / DeepSeek-V4) change the site ablation's order or its growth past
+T; where do Llama 4's iRoPE and DeepSeek-V4's attention land beside qk, qkvo and tied
+qkvo. Every row is `configs/lm.py` at the same size and data, with:
+
+  <sites>             the site ablation's row (lm.ROWS): qk, vo, qkvo, nope
+  tied_qkvo           one latent per kv head is key and value, rotated once (lm.EXTRA_ROWS)
+  <row>_sinks         the same with model.attention.sinks = True
+  irope               Llama 4's pattern at this size (lm.EXTRA_ROWS)
+
+Arg keys: size, row, data, steps (as configs/lm.py).
+"""
+
+from __future__ import annotations
+
+from configs import common, lm
+
+SITE_ROWS = ("qk", "vo", "qkvo", "nope", "tied_qkvo")  # each with and without a sink
+OPEN_ROWS = ("irope",)  # open models' attention, from lm.EXTRA_ROWS
+
+
+def row_overrides(row: str, size: str = "tiny") -> dict:
+    """Dotted overrides of `row` (module docstring) at size preset `size`."""
+    base, sinks = (row[: -len("_sinks")], True) if row.endswith("_sinks") else (row, False)
+    if base not in (*SITE_ROWS, *OPEN_ROWS) or (sinks and base not in SITE_ROWS):
+        raise ValueError(f"row={row!r} is not one of {', '.join(rows())}")
+    return {**lm.row_overrides(base, size), **({"model.attention.sinks": True} if sinks else {})}
+
+
+def rows() -> list[str]:
+    return [*SITE_ROWS, *(f"{r}_sinks" for r in SITE_ROWS), *OPEN_ROWS]
+
+
+def _parse(arg: str | None):
+    return common.parse_arg(arg, size="tiny", row="qk", data="shakespeare", steps=0)
+
+
+def get_config(arg: str | None = None):
+    a = _parse(arg)
+    config = lm.get_config(f"size={a.size},data={a.data},steps={a.steps}")
+    config.update_from_flattened_dict(row_overrides(a.row, a.size))
+    return config
+
+
+def sweep(add, arg: str | None = None):
+    """One run per row of `rows()`; the sweep tool adds seeds."""
+    size = _parse(arg).size
+    for row in rows():
+        add(name=row, **row_overrides(row, size))
