@@ -195,6 +195,8 @@ def test_the_suite_scores_ruler_tasks_into_cells_and_resumes(trained, tmp_path):
         assert cells[task][str(length)]["score"] == pytest.approx(
             np.mean([r["score"] for r in rows])
         )
+        chars = cells[task][str(length)]["metrics"][f"{task}_chars"]
+        assert chars == pytest.approx(np.mean([r["chars"] for r in rows]))
         for r in rows:
             assert r["score"] == ruler.score_one(task, r["prediction"], r["answers"])
             assert len(r["input"].encode()) == length - 12  # bytes: the prompt, exactly

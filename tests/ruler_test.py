@@ -14,7 +14,7 @@ import pytest
 
 from rope_jax import ruler
 from rope_jax.data import corpora, tokenizers
-from rope_jax.ruler import aggregation, prompt, templates, variables, words
+from rope_jax.ruler import aggregation, prompt, scoring, templates, variables, words
 
 NIAH = [t for t in ruler.TASKS if t.startswith("niah")]
 CORPUS = [t for t, s in ruler.TASKS.items() if s.corpus]
@@ -474,3 +474,11 @@ def test_postprocess_and_score_one_as_ruler():
          "niah_multikey_2", "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt",
          "cwe", "fwe"]
     )  # fmt: skip
+
+
+def test_chars_in_place_counts_the_perfect_answers_characters_at_their_place():
+    assert scoring.chars_in_place("3904551.", "3904551.") == 1.0
+    assert scoring.chars_in_place("394941. #", "3904551.") == 2 / 8  # 3, 9 then shifted
+    assert scoring.chars_in_place("", " 12.") == 0.0
+    with pytest.raises(ValueError, match="empty"):
+        scoring.chars_in_place("x", "")

@@ -6,6 +6,9 @@
 
 RULER reports them x 100 rounded to 2 decimals; here they are shares 0..1, unrounded.
 `postprocess` is RULER's `postprocess_pred`, applied to a prediction before scoring.
+`chars_in_place` is not RULER's: the share of a perfect answer's characters that the
+continuation has at the same place, a measure of partial retrieval (a 7-digit value with
+4 digits right scores 0 by RULER's scorers; chance is about 0.1 a digit).
 """
 
 from __future__ import annotations
@@ -55,6 +58,13 @@ def string_match_part(predictions: Sequence[str], references: Sequence[Sequence[
     """RULER's string_match_part as a share 0..1 (RULER: x 100, rounded to 2 decimals)."""
     _check(predictions, references)
     return sum(map(match_part, predictions, references)) / len(predictions)
+
+
+def chars_in_place(continuation: str, target: str) -> float:
+    """Share of `target`'s characters equal to `continuation`'s at the same index."""
+    if not target:
+        raise ValueError("chars_in_place: the target is empty")
+    return sum(a == b for a, b in zip(continuation, target)) / len(target)
 
 
 SCORERS = {"all": (string_match_all, match_all), "part": (string_match_part, match_part)}

@@ -5,9 +5,11 @@ scored as RULER scores it (`ruler.score_one`: string_match_all for the niah, vt,
 fwe tasks). The generators and scorers are `rope_jax.ruler`'s; this module runs them on
 a model.
 
-metrics: `<task>` the mean score (0..1), `<task>_examples` the examples scored. One
-record per example: the input text, `length_tokens`, `depths` (where the task has
-needles), `answers`, `prediction`, `score`. Every process decodes every example (the
+metrics: `<task>` the mean score (0..1), `<task>_chars` the mean share of the perfect
+answer's characters in place (`ruler.scoring.chars_in_place`: partial retrieval, where
+RULER's score is 0 until a whole value is right), `<task>_examples` the examples scored.
+One record per example: the input text, `length_tokens`, `depths` (where the task has
+needles), `answers`, `prediction`, `score`, `chars`. Every process decodes every example (the
 numbers of one process).
 """
 
@@ -19,6 +21,7 @@ import numpy as np
 from flax import nnx
 
 from rope_jax import data, ruler
+from rope_jax.ruler import scoring
 from rope_jax.harness.evals.common import Cell, Context, text_stream
 from rope_jax.nn import generate
 
@@ -60,13 +63,15 @@ class Generated:
                      what=f"{self.name} @{length}")  # fmt: skip
         records = []
         for e, ids in zip(examples, new, strict=True):
-            prediction = ruler.postprocess(tokenizer.decode(ids))
+            text = tokenizer.decode(ids)
+            prediction = ruler.postprocess(text)
             records.append({"input": e.text, "length_tokens": length, "depths": list(e.depths),
                             "answers": list(e.answers), "prediction": prediction,
                             "score": ruler.score_one(self.name, prediction, e.answers),
-                            })  # fmt: skip
-        mean = float(np.mean([r["score"] for r in records]))
-        return Cell({self.name: mean, f"{self.name}_examples": len(records)}, tuple(records))
+                            "chars": scoring.chars_in_place(text, e.target)})  # fmt: skip
+        mean = lambda key: float(np.mean([r[key] for r in records]))
+        return Cell({self.name: mean("score"), f"{self.name}_chars": mean("chars"),
+                     f"{self.name}_examples": len(records)}, tuple(records))  # fmt: skip
 
 
 def _haystack(config, split: str, examples: int, length: int):
