@@ -198,6 +198,13 @@ def attention() -> ml_collections.ConfigDict:
     # qk_l2_norm: q and k of every rotating layer scaled to unit RMS over H, no weight,
     # epsilon norm_eps (Llama 4's use_qk_norm; rope_jax.nn.irope)
     attention.qk_l2_norm = False
+    # DeepSeek-V4's attention (rope_jax.nn.v4; with kv="tied", num_kv_heads=1, sinks,
+    # interleaved partial rotation): 0 / False = off
+    attention.q_lora_rank = 0  # r > 0: q = W_qb RMSNorm(W_qa x), a rank-r query latent
+    attention.q_l2_norm = False  # every query head scaled to unit RMS over H, no weight
+    attention.kv_norm = False  # RMSNorm (scale [H]) of the tied latent; needs kv="tied"
+    attention.o_groups = 0  # g > 0: heads in g groups, each projected to o_lora_rank ...
+    attention.o_lora_rank = 0  # ... R numbers, the g * R then to D; set with o_groups
     return attention
 
 

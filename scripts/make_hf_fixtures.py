@@ -44,6 +44,15 @@ One fixture is a single attention block, not a model:
                  config's fields; `<layer>.npz` (rope, nope) the random weights (HF's
                  [out, in] Linear layout), the input x [B, T, D], the cotangent dy of the
                  output, the output y, and dx and d<weight> of sum(y * dy), in float32.
+  deepseek_v4_attention  DeepseekV4Attention of a DeepseekV4Config whose one layer is
+                 "sliding_attention" (no compressor: the compressed-KV layers and their
+                 indexer are not made): low-rank queries (q_a, RMSNorm, q_b, each head to
+                 unit RMS), one shared key/value head with its RMSNorm, the trailing 8 of
+                 H = 16 dims rotated in interleaved pairs, the output's rope slice rotated
+                 back, random per-head sinks, the grouped low-rank output (2 groups of
+                 rank 6); N = 4, D = 32, T = 12. `sliding.npz` under HF's sliding-window
+                 mask of W = 4, `full.npz` under the plain causal mask (a sequence within
+                 V4's window); the arrays as llama4_attention's.
 """
 
 from __future__ import annotations
@@ -241,6 +250,55 @@ def llama4_attention(seed: int = 8, name: str = "llama4_attention") -> None:
     print(f"{name}: {sorted(os.listdir(out))} {size / 1e3:.0f} KB")
 
 
+DEEPSEEK_V4 = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+                   q_lora_rank=12, partial_rotary_factor=0.5, o_groups=2, o_lora_rank=6,
+                   sliding_window=4, num_hidden_layers=1, layer_types=["sliding_attention"],
+                   rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=64,
+                   vocab_size=64)  # fmt: skip
+
+
+def deepseek_v4_attention(seed: int = 9, name: str = "deepseek_v4_attention") -> None:
+    """Forward and backward of DeepSeek-V4's attention block (no compressor) under a
+    sliding-window mask and under a full causal one."""
+    if sys.argv[1:] and name not in sys.argv[1:]:
+        return
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as m
+
+    out = os.path.join(OUT, name)
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    cfg = transformers.DeepseekV4Config(**DEEPSEEK_V4, attn_implementation="eager")
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, 12, cfg.hidden_size, generator=gen)
+    dy = torch.randn(B, 12, cfg.hidden_size, generator=gen)
+    positions = torch.arange(x.shape[1])[None].expand(B, -1)
+    rotary = m.DeepseekV4RotaryEmbedding(cfg)
+    freqs = {kind: rotary(x, positions, layer_type=kind) for kind in ("main", "compress")}
+    masks = dict(config=cfg, inputs_embeds=x, attention_mask=None, past_key_values=None,
+                 position_ids=positions)  # fmt: skip
+    mask = {"sliding": create_sliding_window_causal_mask(**masks),
+            "full": create_causal_mask(**masks)}  # fmt: skip
+    for offset, kind in enumerate(("sliding", "full")):
+        attn = m.DeepseekV4Attention(cfg, 0)
+        assert attn.compressor is None
+        randomize(attn, seed + offset)
+        xi = x.clone().requires_grad_(True)
+        y = attn(xi, freqs, positions, mask[kind])[0]
+        (y * dy).sum().backward()
+        arrays = {"x": x, "dy": dy, "y": y, "dx": xi.grad}
+        for weight, p in attn.named_parameters():
+            arrays[weight] = p
+            arrays["d" + weight] = p.grad
+        np.savez(os.path.join(out, f"{kind}.npz"),
+                 **{k: v.detach().float().numpy() for k, v in arrays.items()})  # fmt: skip
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(DEEPSEEK_V4, f, indent=1, sort_keys=True)
+        f.write("\n")
+    size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
+    print(f"{name}: {sorted(os.listdir(out))} {size / 1e3:.0f} KB")
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")
@@ -288,6 +346,7 @@ def main():
                           "original_max_position_embeddings": 8},
          variants={"default_layer_types": {"layer_types": None}})  # fmt: skip
     llama4_attention()
+    deepseek_v4_attention()
 
 
 if __name__ == "__main__":

@@ -37,6 +37,10 @@ iRoPE (`qk_l2_norm`, `nope_attn_scale`; Llama 4, `nn.irope`): a rotating layer m
 q and k to unit RMS (no weight); a NoPE layer may multiply its queries by a temperature
 that grows with the log of the position.
 
+DeepSeek-V4 (`q_lora_rank`, `q_l2_norm`, `kv_norm`, `o_groups`, `o_lora_rank`; `nn.v4`):
+low-rank queries with an RMSNorm on their latent, every query head scaled to unit RMS,
+an RMSNorm on the tied latent, and a grouped low-rank output projection.
+
 Learned rotations (`learned`, docs/maths.md#learned-rotations): the layer trains
 frequencies theta [K, P, A] ("freqs", "commuting") and a basis generator S [H, H]
 ("commuting"), float32 `nnx.Param`s named `learned.PARAM_NAMES` that start at the fixed
@@ -58,7 +62,7 @@ from flax import nnx
 
 from rope_jax import rotary, sharding
 from rope_jax.learned import KINDS, LearnedRotation, cayley, check_kind, initial_freqs
-from rope_jax.nn import irope, kernels, sliding
+from rope_jax.nn import irope, kernels, sliding, v4
 from rope_jax.nn.layers import RMSNorm, dense_param
 from rope_jax.nn.products import dense
 from rope_jax.rotary import RopeSpec
@@ -298,6 +302,11 @@ class Attention(nnx.Module):
     parameter; needs kv="separate"); `nope_attn_scale` a > 0 multiplies the queries of a
     NoPE layer by 1 + a log1p(floor((p + 1) / nope_floor_scale)). Each is ignored by the
     other kind of layer.
+
+    DeepSeek-V4 (`nn.v4`, `v4_options`): `q_lora_rank` r > 0 replaces q by q_lora
+    (`v4.LowRankQuery`); `q_l2_norm` scales every query head to unit RMS (no parameter);
+    `kv_norm` adds an RMSNorm kv_norm of scale [H] on the tied latent (needs kv="tied");
+    `o_groups` g > 0 with `o_lora_rank` R replaces o by o_lora (`v4.GroupedOutput`).
     """
 
     def __init__(
@@ -322,6 +331,7 @@ class Attention(nnx.Module):
         qk_l2_norm: bool = False,
         nope_attn_scale: float = 0.0,
         nope_floor_scale: float = 8192.0,
+        v4_options: v4.Options = v4.OFF,
         norm_eps: float = 1e-6,
         dtype=jnp.float32,
         param_dtype=jnp.float32,
@@ -335,40 +345,40 @@ class Attention(nnx.Module):
         check_kv(kv, check_sites(sites))
         if kv != "separate" and (qkv_bias or qk_norm or qk_l2_norm):
             raise ValueError(f"qkv_bias and qk_(l2_)norm need kv='separate', got kv={kv!r}")
+        if v4_options.kv_norm and kv != "tied":
+            raise ValueError(f"kv_norm normalises the tied latent: needs kv='tied', got {kv!r}")
         self.sites = "" if nope else sites  # the sites this layer rotates
         self.rope = RopeSpec.of(rope)
         self.kv, self.impl = kv, kernels.check_impl(impl)
         self.dtype = dtype
         d, n, kh, h = embed_dim, num_heads, num_kv_heads, head_dim
-        trained = KINDS[check_kind(learned)] if self.sites else ()  # a NoPE layer trains none
-        # Assigned once (None is static): theta from the fixed ladder, S = 0 (Q = I).
-        self.rope_freqs = (
-            _rotation_param(initial_freqs(h, kh, self.rope, num_axes=num_axes),
-                            ("kv_heads", None, None))
-            if "rope_freqs" in trained
-            else None
-        )  # fmt: skip
-        self.rope_basis = (
-            _rotation_param(jnp.zeros((h, h), jnp.float32), (None, None))
-            if "rope_basis" in trained
-            else None
-        )
+        self.rope_freqs, self.rope_basis = _learned_params(  # a NoPE layer trains none
+            learned if self.sites else "none", h, kh, self.rope, num_axes)  # fmt: skip
         p = dict(dtype=param_dtype, fan_in=d)
-        self.q_proj = dense_param(rngs, (d, n, h), ("embed", "heads", "head_dim"), **p)
+        norm = dict(eps=norm_eps, dtype=dtype, param_dtype=param_dtype, axis="head_dim")
+        opt, v4_kw = v4_options, dict(eps=norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        r, g = opt.q_lora_rank, opt.o_groups  # low-rank queries, grouped output (nn.v4)
+        self.q_lora = v4.LowRankQuery(d, n, h, r, **v4_kw) if r else None
+        self.q_proj = (
+            None if r else dense_param(rngs, (d, n, h), ("embed", "heads", "head_dim"), **p)
+        )
+        self.q_l2_norm, self.kv_norm = opt.q_l2_norm, RMSNorm(h, **norm) if opt.kv_norm else None
         if kv == "tied":
             self.kv_proj = dense_param(rngs, (d, kh, h), ("embed", "kv_heads", "head_dim"), **p)
         else:
             self.k_proj = dense_param(rngs, (d, kh, h), ("embed", "kv_heads", "head_dim"), **p)
             self.v_proj = dense_param(rngs, (d, kh, h), ("embed", "kv_heads", "head_dim"), **p)
-        self.o_proj = dense_param(rngs, (n, h, d), ("heads", "head_dim", "embed"),
-                                  dtype=param_dtype, fan_in=n * h, scale=out_scale)  # fmt: skip
+        self.o_lora = (v4.GroupedOutput(d, n, h, g, opt.o_lora_rank, out_scale=out_scale,
+                                        **v4_kw) if g else None)  # fmt: skip
+        self.o_proj = None if g else dense_param(rngs, (n, h, d), ("heads", "head_dim", "embed"),
+                                                 dtype=param_dtype, fan_in=n * h,
+                                                 scale=out_scale)  # fmt: skip
         bias = lambda size: nnx.Param(
             jnp.zeros((size,), param_dtype), out_sharding=(None,), eager_sharding=False
         )
         self.q_bias = bias(n * h) if qkv_bias else None
         self.k_bias = bias(kh * h) if qkv_bias else None
         self.v_bias = bias(kh * h) if qkv_bias else None
-        norm = dict(eps=norm_eps, dtype=dtype, param_dtype=param_dtype, axis="head_dim")
         self.q_norm = RMSNorm(h, **norm) if qk_norm else None
         self.k_norm = RMSNorm(h, **norm) if qk_norm else None
         sink = lambda: nnx.Param(jnp.zeros((n,), param_dtype), out_sharding=("heads",),
@@ -391,9 +401,11 @@ class Attention(nnx.Module):
         """x [B, T, D] -> q [B, T, N, H] and k, v [B, T, K, H] (the same latent c if tied);
         `positions` [B, T, A] are read by a NoPE layer's temperature."""
         proj = lambda p: dense(x, p[...], dtype=self.dtype)  # [B, T, D] . [D, N|K, H]
-        q = proj(self.q_proj)
+        q = proj(self.q_proj) if self.q_lora is None else self.q_lora(x)
         if self.kv == "tied":
             k = v = proj(self.kv_proj)
+            if self.kv_norm is not None:  # before the rotation
+                k = v = self.kv_norm(k)
         else:
             k, v = proj(self.k_proj), proj(self.v_proj)
         w = lambda p: p[...].astype(self.dtype)
@@ -403,6 +415,8 @@ class Attention(nnx.Module):
             v = v + w(self.v_bias).reshape(v.shape[2:])
         if self.q_norm is not None:  # per head, before any rotation
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.q_l2_norm:  # every query head, rotating or not (V4's q_b_norm)
+            q = irope.l2_norm(q, eps=self.norm_eps)
         if self.qk_l2_norm:  # commutes with the rotation (HF applies it after)
             q, k = irope.l2_norm(q, eps=self.norm_eps), irope.l2_norm(k, eps=self.norm_eps)
         if self.temperature is not None:
@@ -435,7 +449,10 @@ class Attention(nnx.Module):
         return None if self.sinks is None else self.sinks[...]
 
     def _out(self, o):
-        """o [B, T, N, H] . o_proj [N, H, D] -> [B, T, D] in the compute dtype."""
+        """o [B, T, N, H] . o_proj [N, H, D] (or the grouped o_a, o_b) -> [B, T, D] in the
+        compute dtype."""
+        if self.o_lora is not None:
+            return self.o_lora(o)
         return dense(o, self.o_proj[...], num_in=2, dtype=self.dtype)
 
     # ------------------------------------------------------------ decoding cache
@@ -518,6 +535,23 @@ class Attention(nnx.Module):
         if self.chunk is not None:
             return sliding.chunk_segments(batch, slots, new, index, self.chunk)
         return sliding.ring_segments(batch, slots, new, index)
+
+
+def _learned_params(kind: str, head_dim: int, num_kv_heads: int, rope: RopeSpec, num_axes: int):
+    """(rope_freqs, rope_basis) of a layer training `kind` (`learned.KINDS`), each None when
+    not trained (assigned once: None is static): theta [K, P, A] from the fixed ladder,
+    S = 0 [H, H] (Q = I)."""
+    trained = KINDS[check_kind(kind)]
+    freqs = (
+        _rotation_param(
+            initial_freqs(head_dim, num_kv_heads, rope, num_axes=num_axes), ("kv_heads", None, None)
+        )
+        if "rope_freqs" in trained
+        else None
+    )
+    basis = (_rotation_param(jnp.zeros((head_dim, head_dim), jnp.float32), (None, None))
+             if "rope_basis" in trained else None)  # fmt: skip
+    return freqs, basis
 
 
 def _rotation_param(value, names) -> nnx.Param:

@@ -22,7 +22,9 @@ positions, HF's `attention_chunk_size`); `model.attention.sinks` gives every lay
 learned sink logit per query head (gpt-oss). Defaults: full layers, no sinks (the Llama
 decoder, unchanged). iRoPE (Llama 4, `nn.irope`): NoPE layers by `rope.nope_every`,
 chunked rotating layers, `attention.qk_l2_norm` on the rotating layers and the query
-temperature `rope.nope_attn_scale` on the NoPE ones.
+temperature `rope.nope_attn_scale` on the NoPE ones. DeepSeek-V4 (`nn.v4`): tied K/V with
+`attention.kv_norm`, low-rank queries `attention.q_lora_rank` with `attention.q_l2_norm`,
+and the grouped output `attention.o_groups`, `attention.o_lora_rank`.
 
 Rotation per layer (`layer_rotations`, docs/maths.md#context-scaling): every layer uses
 the spec of `cfg.rope` (base, ladder, layout, allocation, sections, scaling,
@@ -50,7 +52,7 @@ import ml_collections
 from flax import nnx
 
 from rope_jax import defaults, layouts, learned, rotary, sharding
-from rope_jax.nn import irope, kernels, sliding
+from rope_jax.nn import irope, kernels, sliding, v4
 from rope_jax.nn.attention import Attention, check_kv, check_sites
 from rope_jax.nn.layers import MLP, RMSNorm, dense_param
 from rope_jax.nn.products import dense
@@ -116,6 +118,7 @@ def check_config(cfg, num_axes: int = 1, *, train_seq_len: int | None = None):
     sliding.layer_types(cfg.attention, cfg.num_layers, train_seq_len=train_seq_len)
     ropes = layer_rotations(cfg, num_axes, train_seq_len=train_seq_len)
     irope.check_config(cfg, tuple(rope is not None and bool(cfg.rope.sites) for rope in ropes))
+    v4.check_config(cfg)
     _check_learned(cfg, rotation(cfg, num_axes, train_seq_len=train_seq_len))
     return cfg
 
@@ -299,6 +302,7 @@ class Block(nnx.Module):
             qk_l2_norm=cfg.attention.qk_l2_norm,
             nope_attn_scale=cfg.rope.nope_attn_scale,
             nope_floor_scale=cfg.rope.nope_floor_scale,
+            v4_options=v4.Options.of(cfg.attention),
             norm_eps=cfg.norm_eps,
             dtype=dtype,
             param_dtype=param_dtype,
