@@ -195,6 +195,7 @@ def _rung(r: dict) -> list[str]:
                 f"{_f(tau, '.3f')} (p {_f(p, '.3f')}); NoPE ranks {nope} of {len(order)}. "
                 + noise]  # fmt: skip
     out += _rung_seeds(rows, r.get("more_seeds") or {}, t)
+    out += _rung_variants(rows, r.get("variants") or {}, t)
     if len(rows) < len(lm.ROWS):
         out.append(f"Rows finished: {len(rows)} of {len(lm.ROWS)} (the rest did not fit).")
     devices = {m.get("device") for m in rows.values()} - {None}
@@ -225,6 +226,24 @@ def _rung_seeds(rows: dict, more: dict, t: int) -> list[str]:
     spread = max(max(v) - min(v) for v in again.values())
     out += ["", f"The largest spread between the seeds of a row is {spread:.4f}: gaps "
             "between rows smaller than that are ties."]  # fmt: skip
+    return out
+
+
+def _rung_variants(rows: dict, variants: dict, t: int) -> list[str]:
+    """Rows trained again with float32 compute or another peak learning rate
+    (`--rung_variant`), beside the table's row of the same seed."""
+    lines = [(label, int(seed), row, m) for label, by_seed in sorted(variants.items())
+             for seed, done in by_seed.items() for row, m in done.items()]  # fmt: skip
+    if not lines:
+        return []
+    out = ["", "Variants: rows trained again with the changes named (the rest of the setup "
+           "the same), beside the table's row.", "",
+           f"| row | variant | seed | held-out loss @{t} | the table's @{t} (seed 0) | "
+           f"training windows @{t} |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for label, seed, row, m in sorted(lines, key=lambda x: (x[2], x[0], x[1])):
+        own = _f((rows.get(row) or {}).get("loss"), ".4f")
+        out.append(f"| {row} | {label} | {seed} | {m['loss']:.4f} | {own} | "
+                   f"{_f(m.get('train_windows_loss'), '.4f')} |")  # fmt: skip
     return out
 
 

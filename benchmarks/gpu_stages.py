@@ -54,6 +54,7 @@ class Context:
     rung_tokens: int = 0  # 0: RUNG_TOKENS (SMOKE_RUNG_TOKENS in smoke mode)
     rung_seed: int = 0  # init and data order of the rows run (0: the rung's own)
     rung_rows: tuple = ()  # the rows to run; () for every row
+    rung_variant: str = ""  # "" the rung's own setup; else `rung_variant`'s label
 
     def left(self) -> float:
         return self.deadline - time.time()
@@ -485,7 +486,31 @@ def _random_windows(tokens, rng, b: int, t: int) -> dict:
     return _windows(tokens, rng.integers(0, len(tokens) - t - 1, b), t)
 
 
-def _rung_config(shape: dict, sites: str, vocab: int, steps: int, impl: str, seed: int = 0):
+def rung_variant(spec: str) -> tuple[str, dict]:
+    """--rung_variant as (label, config changes): "" the rung's own setup (bfloat16 compute
+    at the shape's peak learning rate), or a comma list of `float32` (compute in float32)
+    and `lr=X` (peak learning rate X); anything else is a one-line SystemExit."""
+    changes, parts = {}, [p.strip() for p in spec.split(",") if p.strip()]
+    for part in parts:
+        key, eq, value = part.partition("=")
+        if part == "float32":
+            changes["model.dtype"] = "float32"
+            continue
+        try:
+            lr = float(value) if key == "lr" and eq else None
+        except ValueError:
+            lr = None
+        if lr is None or not lr > 0:
+            raise SystemExit(f"gpu_suite: --rung_variant={spec!r}: {part!r} is neither "
+                             "'float32' nor 'lr=X' with X > 0")  # fmt: skip
+        changes["optim.lr"] = lr
+    if len(changes) != len(parts):
+        raise SystemExit(f"gpu_suite: --rung_variant={spec!r} names a change twice")
+    return ",".join(sorted(parts)), changes
+
+
+def _rung_config(shape: dict, sites: str, vocab: int, steps: int, impl: str, seed: int = 0,
+                 changes: dict | None = None):  # fmt: skip
     from configs import lm
 
     config = lm.get_config("size=small")
@@ -499,6 +524,7 @@ def _rung_config(shape: dict, sites: str, vocab: int, steps: int, impl: str, see
         "optim.lr": shape["lr"],
         # a short run still reaches the peak learning rate: warm-up <= a tenth of it
         "optim.warmup_steps": min(shape["warmup"], max(steps // 10, 1))})  # fmt: skip
+    config.update_from_flattened_dict(changes or {})  # a variant's (`rung_variant`)
     return config
 
 
@@ -715,20 +741,25 @@ def rung_rows(smoke: bool, spec: tuple = ()) -> tuple:
     return tuple(spec) or (("nope", "qkvo") if smoke else tuple(lm.ROWS))
 
 
-def seed_rows(result: dict, seed: int, *, add: bool = False) -> dict:
+def seed_rows(result: dict, seed: int, *, add: bool = False, variant: str = "") -> dict:
     """{row: metrics} of `seed` in rung.json: seed 0's under "rows" (the rung's table),
-    another seed's under "more_seeds" (its measure of the seed noise); with `add`, the
-    dict kept in `result` (made if absent)."""
+    another seed's under "more_seeds" (its measure of the seed noise), a variant's
+    (`rung_variant`'s label) under "variants" -> label -> seed; with `add`, the dict kept
+    in `result` (made if absent)."""
     holder, key = result, "rows"
-    if seed:
+    if seed or variant:
         key = str(seed)
         holder = result.setdefault("more_seeds", {}) if add else result.get("more_seeds", {})
+    if variant:
+        variants = result.setdefault("variants", {}) if add else result.get("variants", {})
+        holder = variants.setdefault(variant, {}) if add else variants.get(variant, {})
     return holder.setdefault(key, {}) if add else holder.get(key, {})
 
 
-def rung_todo(result: dict, smoke: bool, seed: int = 0, spec: tuple = ()) -> list[str]:
+def rung_todo(result: dict, smoke: bool, seed: int = 0, spec: tuple = (),
+              variant: str = "") -> list[str]:  # fmt: skip
     """The rows of this call not yet finished in rung.json."""
-    done = seed_rows(result, seed)
+    done = seed_rows(result, seed, variant=variant)
     return [row for row in rung_rows(smoke, spec) if row not in done]
 
 
@@ -757,19 +788,19 @@ def rung(ctx: Context) -> None:
     r.update(data=meta, shape=shape, impl=impl, eval_windows=eval_windows, steps=steps,
              tokens_per_run=steps * b * t, params=flops.num_params(config.model),
              block_params=flops.block_matmul_params(config.model))  # fmt: skip
-    seed = ctx.rung_seed
-    todo = rung_todo(r, ctx.smoke, seed, ctx.rung_rows)
+    seed, (variant, changes) = ctx.rung_seed, rung_variant(ctx.rung_variant)
+    todo = rung_todo(r, ctx.smoke, seed, ctx.rung_rows, variant)
     if not todo:
         r["done"] = not rung_todo(r, ctx.smoke)  # seed 0's table is whole
         return
-    done = seed_rows(r, seed, add=True)
+    done = seed_rows(r, seed, add=True, variant=variant)
     if not ctx.fits(60 if not ctx.smoke else 5):  # the compiles alone need about this
         return
     _log(f"rung: compiling {len(todo)} rows, {steps} steps each ({steps * b * t:,} tokens)"
-         + (f", seed {seed}" if seed else ""))  # fmt: skip
+         + (f", seed {seed}" if seed else "") + (f", variant {variant}" if variant else ""))
     t0 = time.time()
     programs = _compile_rows({row: _rung_config(shape, lm.ROWS[row], meta["vocab_size"], steps,
-                                                impl, seed) for row in todo})  # fmt: skip
+                                                impl, seed, changes) for row in todo})  # fmt: skip
     step_s = _step_time(programs[todo[0]], train, steps=3 if ctx.smoke else 10)
     r["timing"] = dict(compile_wall_s=time.time() - t0, step_s=step_s, device=r["device"])
     ctx.save()
@@ -786,7 +817,10 @@ def rung(ctx: Context) -> None:
         done[row] = _train_row(programs[row], train, val, seed=seed, eval_windows=eval_windows)
         m = done[row]
         m["device"] = r["device"]  # a rung may span calls (and machines of one kind)
-        _log(f"rung: {row}{f' seed {seed}' if seed else ''}: held-out loss {m['loss']:.4f}, "
+        if variant:
+            m["variant_changes"] = changes
+        _log(f"rung: {row}{f' seed {seed}' if seed else ''}{f' ({variant})' if variant else ''}"
+             f": held-out loss {m['loss']:.4f}, "
              f"{m['bits_per_byte']:.4f} bits/byte, {m['train_s']:.0f} s")  # fmt: skip
         ctx.save()
     r["done"] = not rung_todo(r, ctx.smoke)

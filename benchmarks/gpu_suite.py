@@ -23,7 +23,10 @@ Stages (in this order; `benchmarks/gpu_stages.py` holds them):
            each (100M by default). A rung longer than one call goes on in the next:
            the same OUT, or `--resume_from` the folder where a call's files were kept.
            `--rung_seed K --rung_rows qkvo,vo` trains those rows again at seed K (init
-           and data order) beside the table, as its measure of the seed noise.
+           and data order) beside the table, as its measure of the seed noise;
+           `--rung_variant float32` / `lr=3e-4` (or both) trains rows with float32
+           compute / another peak learning rate beside it (is a row's loss the
+           precision's or the step size's?).
   peer     HF `LlamaForCausalLM` in bf16 autocast (SDPA, fused AdamW) against ours at
            `small` and at the 1b body (the batch step1b ran).
 
@@ -79,6 +82,10 @@ def _parser() -> argparse.ArgumentParser:
                    "adds a measure of the seed noise beside the rung's table")  # fmt: skip
     p.add_argument("--rung_rows", default="",
                    help="comma list of the rung rows to run (default: all)")  # fmt: skip
+    p.add_argument("--rung_variant", default="",
+                   help="train the rows with float32 compute and/or another peak learning rate: "
+                   "'float32', 'lr=3e-4' or both, comma-separated; kept beside the rung's "
+                   "table, not in it")  # fmt: skip
     p.add_argument("--resume_from", default="",
                    help="start OUT from the stage files an earlier call left there")  # fmt: skip
     p.add_argument("--report", action="store_true", help="only re-render OUT/gpu_suite.md")
@@ -148,7 +155,7 @@ def _run_stage(args, stage: str, deadline: float) -> int:
     cmd = [sys.executable, "-m", "benchmarks.gpu_suite", "--out", args.out, "--child", stage,
            "--deadline", repr(deadline), "--data", args.data,
            "--rung_tokens", repr(args.rung_tokens), "--rung_seed", str(args.rung_seed),
-           "--rung_rows", args.rung_rows]  # fmt: skip
+           "--rung_rows", args.rung_rows, "--rung_variant", args.rung_variant]  # fmt: skip
     if args.smoke:
         cmd.append("--smoke")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -174,7 +181,8 @@ def _child(args) -> None:
                              result=result, save=lambda: save(out, stage, result),
                              load=lambda name: load(out, name),
                              rung_tokens=int(args.rung_tokens), rung_seed=args.rung_seed,
-                             rung_rows=rung_spec(args.rung_rows))  # fmt: skip
+                             rung_rows=rung_spec(args.rung_rows),
+                             rung_variant=args.rung_variant)  # fmt: skip
     try:
         gpu_stages.STAGES[stage](ctx)
     except Exception as e:  # recorded, so the page says what stopped the stage
@@ -195,16 +203,17 @@ def main(argv=None) -> None:
     rows = rung_spec(args.rung_rows)
     if args.rung_seed < 0:
         raise SystemExit(f"gpu_suite: --rung_seed={args.rung_seed} must be >= 0")
+    import gpu_stages
+
+    variant = gpu_stages.rung_variant(args.rung_variant)[0]
     # the stage files go there as each finishes: it must take them (made once stages start)
     existing = bench_child.nearest_existing(args.out)
     if not os.path.isdir(existing):
         raise SystemExit(f"gpu_suite: --out={args.out}: Not a directory ({existing})")
     if args.resume_from:
         resume_from(args.resume_from, args.out)
-    import gpu_stages
-
     rung = load(args.out, "rung")
-    rung_left = gpu_stages.rung_todo(rung, args.smoke, args.rung_seed, rows)
+    rung_left = gpu_stages.rung_todo(rung, args.smoke, args.rung_seed, rows, variant)
     if "rung" in todo and rung_left and not args.report:  # before anything runs
         problem = gpu_stages.rung_problem(rung, args.out, args.data, int(args.rung_tokens),
                                           args.smoke)  # fmt: skip
@@ -215,8 +224,9 @@ def main(argv=None) -> None:
         start = time.time()
         end = start + args.budget_s
         for i, stage in enumerate(todo):
-            pending = (gpu_stages.rung_todo(load(args.out, stage), args.smoke, args.rung_seed, rows)
-                    if stage == "rung" else not load(args.out, stage).get("done"))  # fmt: skip
+            pending = (gpu_stages.rung_todo(load(args.out, stage), args.smoke, args.rung_seed, rows,
+                                            variant)
+                       if stage == "rung" else not load(args.out, stage).get("done"))  # fmt: skip
             if not pending:
                 print(f"gpu_suite: {stage} already done in {args.out}", flush=True)
                 continue

@@ -173,6 +173,17 @@ def test_a_rung_trains_rows_again_at_another_seed_beside_its_table(corpus, tmp_p
     rerun = _suite(*again)  # that row of that seed is done: nothing runs
     assert rerun.returncode == 0 and "rung already done" in rerun.stdout
     assert gpu_suite.load(str(out), "rung") == rung
+    # float32 compute at a tenth of the peak learning rate: kept beside, not in, the table
+    variant = _suite("--out", str(out), "--smoke", "--stage=rung", "--data", str(data),
+                     "--rung_rows=nope", "--rung_variant=lr=3e-4,float32")  # fmt: skip
+    assert variant.returncode == 0, variant.stderr[-3000:]
+    assert "rung: nope (float32,lr=3e-4): held-out loss" in variant.stdout
+    after = gpu_suite.load(str(out), "rung")
+    assert after["rows"] == table and after["more_seeds"] == rung["more_seeds"]
+    slow = after["variants"]["float32,lr=3e-4"]["0"]["nope"]
+    assert slow["variant_changes"] == {"model.dtype": "float32", "optim.lr": 3e-4}
+    assert slow["loss"] > table["nope"]["loss"]  # a tenth of the step size, as many steps
+    assert f"| nope | float32,lr=3e-4 | 0 | {slow['loss']:.4f} |" in (out / "gpu_suite.md").read_text()
     new = tmp_path / "new"  # refused before --resume_from copies anything into it
     bad = _suite("--out", str(new), "--smoke", "--stage=rung", "--rung_rows=nope,vk",
                  "--resume_from", str(out))  # fmt: skip
@@ -232,6 +243,10 @@ def test_bad_stage_budget_or_out_is_one_line(tmp_path):
         (["--stage=kernel"],
          "gpu_suite: --stage='kernel': stages are all or check, kernels, step1b, rung, peer"),
         (["--budget_s=0"], "gpu_suite: --budget_s=0 must be > 0"),
+        (["--rung_variant=fp16"], "gpu_suite: --rung_variant='fp16': 'fp16' is neither "
+         "'float32' nor 'lr=X' with X > 0"),
+        (["--rung_variant=lr=0"], "gpu_suite: --rung_variant='lr=0': 'lr=0' is neither "
+         "'float32' nor 'lr=X' with X > 0"),
         ([f"--out={tmp_path}/file/out"],
          f"gpu_suite: --out={tmp_path}/file/out: Not a directory ({tmp_path}/file)"),
     ]:  # fmt: skip
