@@ -40,6 +40,12 @@ ROWS = {
 #                       the query temperature; the others rotate interleaved pairs, L2-norm
 #                       q and k and attend in chunks of T/4 tokens (floor_scale = the chunk,
 #                       as Llama 4's 8192 and 8192).
+# and DeepSeek-V4's attention (rope_jax/nn/v4.py) at the preset's size, V4-Flash's ratios:
+#   v4                  one shared kv head tied as key and value (qkvo), an interleaved
+#                       rotation of H/8 dims, sinks, queries from a D/4 latent with every
+#                       head at unit RMS, the latent's RMSNorm, the output in max(2, N/8)
+#                       groups of rank D/4; every layer V4's sliding branch over T/4 keys
+#                       (its compressed layers, which carry the long range, are out of scope).
 EXTRA_ROWS = {
     "tied_qkvo": lambda p: {"model.attention.kv": "tied", "model.rope.sites": "qkvo"},
     "separate_qk_params": lambda p: {
@@ -53,6 +59,7 @@ EXTRA_ROWS = {
         "model.num_kv_heads": _half(p["num_kv_heads"]),
     },
     "irope": lambda p: _irope(p["num_layers"], p["seq_len"] // 4),
+    "v4": lambda p: _v4(p),
 }
 
 # The article's table, for the sweep report (row -> loss).
@@ -82,6 +89,25 @@ def _irope(num_layers: int, chunk: int) -> dict:
         "model.attention.layer_types": types,
         "model.attention.chunk": chunk,
         "model.attention.qk_l2_norm": True,
+    }
+
+
+def _v4(p: dict) -> dict:
+    """The v4 row's overrides at size preset `p` (V4-Flash: D 4096, N 64, H 512, rope 64,
+    q_lora_rank 1024, 8 output groups of rank 1024, window 128)."""
+    return {
+        "model.num_kv_heads": 1,
+        "model.attention.kv": "tied",
+        "model.rope.sites": "qkvo",
+        "model.rope.layout": "interleaved",
+        "model.rope.scaling.partial_rotary_factor": 0.125,
+        "model.attention.sinks": True,
+        "model.attention.window": p["seq_len"] // 4,
+        "model.attention.q_lora_rank": p["embed_dim"] // 4,
+        "model.attention.q_l2_norm": True,
+        "model.attention.kv_norm": True,
+        "model.attention.o_groups": max(2, p["num_heads"] // 8),
+        "model.attention.o_lora_rank": p["embed_dim"] // 4,
     }
 
 

@@ -10,7 +10,7 @@ from rope_jax.nn import model as model_lib
 
 ORIGINAL = ["nope", "q", "k", "v", "o", "qk", "vo", "qkv", "qkvo"]
 TIED = ["tied_qkvo", "separate_qk_params", "separate_qk_cache"]
-EXTRA = TIED + ["irope"]
+EXTRA = TIED + ["irope", "v4"]
 
 
 def num_params(config) -> int:
@@ -22,7 +22,7 @@ def num_params(config) -> int:
 def test_every_row_is_a_valid_config(row):
     config = lm.get_config(f"size=tiny,row={row}")
     harness.check_config(config)
-    expected_kv = "tied" if row == "tied_qkvo" else "separate"
+    expected_kv = "tied" if row in ("tied_qkvo", "v4") else "separate"
     assert config.model.attention.kv == expected_kv
     if row in ORIGINAL:
         assert config.model.rope.sites == lm.ROWS[row]
@@ -92,6 +92,21 @@ def test_irope_row_is_llama4s_pattern_at_every_size(size):
     assert [t == "full" for t in types] == [r is None for r in ropes] == [
         (i + 1) % every == 0 for i in range(layers)]  # fmt: skip
     assert m.attention.chunk == m.rope.nope_floor_scale == config.data.seq_len // 4
+
+
+@pytest.mark.parametrize("size", list(common.SIZES))
+def test_v4_row_is_deepseek_v4s_attention_at_every_size(size):
+    """One tied kv head (qkvo), interleaved pairs over H/8 dims, sinks, every layer sliding
+    over T/4 keys, low-rank normed queries and the grouped output, at V4-Flash's ratios."""
+    config = lm.get_config(f"size={size},row=v4")
+    harness.check_config(config)
+    m, p = config.model, common.SIZES[size]
+    a = m.attention
+    assert (m.num_kv_heads, a.kv, m.rope.sites, m.rope.layout) == (1, "tied", "qkvo", "interleaved")
+    assert m.rope.scaling.partial_rotary_factor == 0.125 and a.sinks and a.q_l2_norm and a.kv_norm
+    assert a.window == config.data.seq_len // 4 and not a.layer_types  # every layer sliding
+    assert a.q_lora_rank == a.o_lora_rank == p["embed_dim"] // 4
+    assert p["num_heads"] % a.o_groups == 0 and a.o_groups == max(2, p["num_heads"] // 8)
 
 
 def test_precision_rows_change_only_the_compute_dtype():
