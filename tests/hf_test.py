@@ -438,6 +438,12 @@ REFUSED = {
                                   "model.attention.qk_norm": True},
     "model.attention.chunk=8": {"model.attention.chunk": 8},
     "model.attention.qk_l2_norm=True": {"model.attention.qk_l2_norm": True},
+    "model.attention.q_lora_rank=32": {"model.attention.q_lora_rank": 32},
+    "model.attention.q_l2_norm=True": {"model.attention.q_l2_norm": True},
+    "model.attention.kv_norm=True": {"model.attention.kv": "tied", "model.rope.sites": "qkvo",
+                                     "model.attention.kv_norm": True},
+    "model.attention.o_groups=2": {"model.attention.o_groups": 2,
+                                   "model.attention.o_lora_rank": 32},
     "partial_rotary_factor=0.5": {"model.rope.scaling.rope_type": "yarn",
                                   "model.rope.scaling.partial_rotary_factor": 0.5},
 }  # fmt: skip

@@ -314,7 +314,10 @@ def check_exportable(model_cfg, *, num_axes: int = 1) -> None:
 
     m, rope = model_cfg, model_cfg.rope
     scaling = rope.scaling
+    v4 = "is DeepSeek-V4's, whose HF class also holds compressed attention and experts"
     rules = [
+        ("model.attention.kv_norm", m.attention.kv_norm, not m.attention.kv_norm,
+         f"the tied latent's RMSNorm {v4}"),
         ("model.attention.kv", m.attention.kv, m.attention.kv == "separate",
          "tied K/V has no HF class"),
         ("model.rope.sites", rope.sites, sorted(rope.sites) == ["k", "q"],
@@ -336,6 +339,12 @@ def check_exportable(model_cfg, *, num_axes: int = 1) -> None:
          "chunked attention is Llama 4's, whose HF class holds a mixture of experts"),
         ("model.attention.qk_l2_norm", m.attention.qk_l2_norm, not m.attention.qk_l2_norm,
          "the weightless q/k L2 norm is Llama 4's, whose HF class holds a mixture of experts"),
+        ("model.attention.q_lora_rank", m.attention.q_lora_rank, not m.attention.q_lora_rank,
+         f"the low-rank query {v4}"),
+        ("model.attention.q_l2_norm", m.attention.q_l2_norm, not m.attention.q_l2_norm,
+         f"the weightless query head norm {v4}"),
+        ("model.attention.o_groups", m.attention.o_groups, not m.attention.o_groups,
+         f"the grouped low-rank output {v4}"),
         ("model.rope.ladder", rope.ladder, rope.ladder == "standard",
          "transformers' ladder is base ** (-2i / H)"),
         ("data (position axes)", num_axes, num_axes == 1,
