@@ -81,7 +81,7 @@ LEARNED = {"model.rope.learned": "commuting", "model.rope.nope_every": 2}
 
 @pytest.mark.parametrize("overrides, num_axes", [
     ({}, 1), (TIED, 1), ({"model.patch_dim": 64}, 1), ({"model.rope.learned": "freqs"}, 3),
-    (LEARNED, 1),
+    (LEARNED, 1), (lm.row_overrides("v4"), 1),
 ])  # fmt: skip
 def test_matmul_params_are_the_models_matrices_but_the_embedding(overrides, num_axes):
     config = lm.get_config("size=tiny")

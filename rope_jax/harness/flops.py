@@ -32,12 +32,16 @@ from rope_jax.nn import model
 
 
 def block_matmul_params(model_cfg) -> int:
-    """Matmul weights of the L decoder blocks: q D*N*H, k and v 2*D*K*H (tied: one
-    D*K*H), o N*H*D, SwiGLU 3*D*F, per layer."""
-    m = model_cfg
+    """Matmul weights of the L decoder blocks: q D*N*H (low-rank, `attention.q_lora_rank`
+    r: D*r + r*N*H), k and v 2*D*K*H (tied: one D*K*H), o N*H*D (grouped,
+    `attention.o_groups` g of rank R: N*H*R + g*R*D), SwiGLU 3*D*F, per layer."""
+    m, a = model_cfg, model_cfg.attention
     d, n, k, h, f = m.embed_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.mlp_dim
-    kv = 1 if m.attention.kv == "tied" else 2
-    return m.num_layers * (2 * d * n * h + kv * d * k * h + 3 * d * f)
+    kv = 1 if a.kv == "tied" else 2
+    r, g, ro = a.q_lora_rank, a.o_groups, a.o_lora_rank
+    q = (d + n * h) * r if r else d * n * h
+    o = (n * h + g * d) * ro if g else n * h * d
+    return m.num_layers * (q + o + kv * d * k * h + 3 * d * f)
 
 
 def matmul_params(model_cfg) -> int:
@@ -64,12 +68,14 @@ def rotation_params(model_cfg, num_axes: int = 1) -> int:
 def num_params(model_cfg, num_axes: int = 1) -> int:
     """All parameters: `matmul_params` + the embedding table V*D (not again when the head
     is the table, `tie_embeddings`) + 2L + 1 norm scales of D + `rotation_params` (A
-    position axes: 1 for text) + per layer the q/k/v biases (N + 2K)*H and q/k norm
-    scales 2*H when the model has them."""
-    m = model_cfg
+    position axes: 1 for text) + per layer the q/k/v biases (N + 2K)*H, q/k norm scales
+    2*H, sinks N, the low-rank query's norm scale r and the tied latent's norm scale H
+    when the model has them."""
+    m, a = model_cfg, model_cfg.attention
     table = 0 if m.tie_embeddings else m.vocab_size * m.embed_dim
-    extra = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim if m.attention.qkv_bias else 0
-    extra += 2 * m.head_dim if m.attention.qk_norm else 0
+    extra = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim if a.qkv_bias else 0
+    extra += 2 * m.head_dim if a.qk_norm else 0
+    extra += (m.num_heads if a.sinks else 0) + a.q_lora_rank + (m.head_dim if a.kv_norm else 0)
     return (matmul_params(m) + table + (2 * m.num_layers + 1) * m.embed_dim
             + rotation_params(m, num_axes) + m.num_layers * extra)  # fmt: skip
 
