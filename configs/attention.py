@@ -7,12 +7,15 @@
 Questions: does an attention sink (one learnable logit per query head in every softmax
 denominator, gpt-oss / DeepSeek-V4) change the site ablation's order or its growth past
 T; where do Llama 4's iRoPE and DeepSeek-V4's attention land beside qk, qkvo and tied
-qkvo. Every row is `configs/lm.py` at the same size and data, with:
+qkvo; does V4's small rotated slice (H/8) keep qkvo's loss at T. Every row is
+`configs/lm.py` at the same size and data, with:
 
   <sites>             the site ablation's row (lm.ROWS): qk, vo, qkvo, nope
   tied_qkvo           one latent per kv head is key and value, rotated once (lm.EXTRA_ROWS)
   <row>_sinks         the same with model.attention.sinks = True
-  irope               Llama 4's pattern at this size (lm.EXTRA_ROWS)
+  irope, v4           Llama 4's and DeepSeek-V4's attention at this size (lm.EXTRA_ROWS)
+  v4_whole_head       v4 rotating the whole head instead of H/8
+  tied_qkvo_h8        tied_qkvo rotating H/8 interleaved pairs, as v4 (nothing else of v4)
 
 Arg keys: size, row, data, steps (as configs/lm.py).
 """
@@ -22,11 +25,20 @@ from __future__ import annotations
 from configs import common, lm
 
 SITE_ROWS = ("qk", "vo", "qkvo", "nope", "tied_qkvo")  # each with and without a sink
-OPEN_ROWS = ("irope",)  # open models' attention, from lm.EXTRA_ROWS
+OPEN_ROWS = ("irope", "v4")  # open models' attention, from lm.EXTRA_ROWS
+SLICE = {"model.rope.layout": "interleaved", "model.rope.scaling.partial_rotary_factor": 0.125}
+# row -> (the row it changes, the changes): the rotated slice alone
+SLICE_ROWS = {
+    "v4_whole_head": ("v4", {"model.rope.scaling.partial_rotary_factor": 1.0}),
+    "tied_qkvo_h8": ("tied_qkvo", SLICE),
+}
 
 
 def row_overrides(row: str, size: str = "tiny") -> dict:
     """Dotted overrides of `row` (module docstring) at size preset `size`."""
+    if row in SLICE_ROWS:
+        base, changes = SLICE_ROWS[row]
+        return {**lm.row_overrides(base, size), **changes}
     base, sinks = (row[: -len("_sinks")], True) if row.endswith("_sinks") else (row, False)
     if base not in (*SITE_ROWS, *OPEN_ROWS) or (sinks and base not in SITE_ROWS):
         raise ValueError(f"row={row!r} is not one of {', '.join(rows())}")
@@ -34,7 +46,7 @@ def row_overrides(row: str, size: str = "tiny") -> dict:
 
 
 def rows() -> list[str]:
-    return [*SITE_ROWS, *(f"{r}_sinks" for r in SITE_ROWS), *OPEN_ROWS]
+    return [*SITE_ROWS, *(f"{r}_sinks" for r in SITE_ROWS), *OPEN_ROWS, *SLICE_ROWS]
 
 
 def _parse(arg: str | None):

@@ -183,9 +183,13 @@ def test_attention_rows_are_lms_rows_with_and_without_a_sink():
     for row in attention.rows():
         config = attention.get_config(f"row={row}")
         harness.check_config(config)
-        base = row.removesuffix("_sinks")
+        base, changes = attention.SLICE_ROWS.get(row, (row.removesuffix("_sinks"), {}))
         want = lm.get_config(f"row={base}")
-        want.model.attention.sinks = row.endswith("_sinks")
+        want.update_from_flattened_dict(changes)
+        want.model.attention.sinks = row.endswith("_sinks") or want.model.attention.sinks
         assert config.to_dict() == want.to_dict(), row
+    assert attention.get_config("row=v4_whole_head").model.rope.scaling.partial_rotary_factor == 1
+    h8 = attention.get_config("row=tied_qkvo_h8").model
+    assert h8.rope.scaling.partial_rotary_factor == 0.125 and h8.attention.kv == "tied"
     with pytest.raises(ValueError, match="row='irope_sinks' is not one of"):
         attention.get_config("row=irope_sinks")
