@@ -205,6 +205,28 @@ def make(name, config_cls, model_cls, *, seed, dtype=torch.float32, shard=None, 
     print(f"{name}: {sorted(os.listdir(out))} {size / 1e3:.0f} KB")
 
 
+def save_block(path: str, block, x, dy, forward) -> None:
+    """One attention block's fixture: input x, output y = forward(x), the cotangent dy,
+    dx, every weight and its gradient (of sum(y * dy)), float32, in one .npz."""
+    xi = x.clone().requires_grad_(True)
+    y = forward(xi)
+    (y * dy).sum().backward()
+    arrays = {"x": x, "dy": dy, "y": y, "dx": xi.grad}
+    for weight, p in block.named_parameters():
+        arrays[weight] = p
+        arrays["d" + weight] = p.grad
+    np.savez(path, **{k: v.detach().float().numpy() for k, v in arrays.items()})
+
+
+def finish_block(out: str, name: str, config: dict) -> None:
+    """The block's config.json beside its .npz files, and a line of what was written."""
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=1, sort_keys=True)
+        f.write("\n")
+    size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
+    print(f"{name}: {sorted(os.listdir(out))} {size / 1e3:.0f} KB")
+
+
 LLAMA4 = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
               num_hidden_layers=2, no_rope_layers=[1, 0], attention_chunk_size=4,
               use_qk_norm=True, attn_temperature_tuning=True, attn_scale=0.5, floor_scale=4,
@@ -234,20 +256,9 @@ def llama4_attention(seed: int = 8, name: str = "llama4_attention") -> None:
     for layer, kind in enumerate(("rope", "nope")):
         attn = m.Llama4TextAttention(cfg, layer)
         randomize(attn, seed + layer)
-        xi = x.clone().requires_grad_(True)
-        y = attn(xi, freqs, mask[kind])[0]
-        (y * dy).sum().backward()
-        arrays = {"x": x, "dy": dy, "y": y, "dx": xi.grad}
-        for weight, p in attn.named_parameters():
-            arrays[weight] = p
-            arrays["d" + weight] = p.grad
-        np.savez(os.path.join(out, f"{kind}.npz"),
-                 **{k: v.detach().float().numpy() for k, v in arrays.items()})  # fmt: skip
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(LLAMA4, f, indent=1, sort_keys=True)
-        f.write("\n")
-    size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
-    print(f"{name}: {sorted(os.listdir(out))} {size / 1e3:.0f} KB")
+        save_block(os.path.join(out, f"{kind}.npz"), attn, x, dy,
+                   lambda xi: attn(xi, freqs, mask[kind])[0])  # fmt: skip
+    finish_block(out, name, LLAMA4)
 
 
 DEEPSEEK_V4 = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
@@ -283,20 +294,9 @@ def deepseek_v4_attention(seed: int = 9, name: str = "deepseek_v4_attention") ->
         attn = m.DeepseekV4Attention(cfg, 0)
         assert attn.compressor is None
         randomize(attn, seed + offset)
-        xi = x.clone().requires_grad_(True)
-        y = attn(xi, freqs, positions, mask[kind])[0]
-        (y * dy).sum().backward()
-        arrays = {"x": x, "dy": dy, "y": y, "dx": xi.grad}
-        for weight, p in attn.named_parameters():
-            arrays[weight] = p
-            arrays["d" + weight] = p.grad
-        np.savez(os.path.join(out, f"{kind}.npz"),
-                 **{k: v.detach().float().numpy() for k, v in arrays.items()})  # fmt: skip
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(DEEPSEEK_V4, f, indent=1, sort_keys=True)
-        f.write("\n")
-    size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
-    print(f"{name}: {sorted(os.listdir(out))} {size / 1e3:.0f} KB")
+        save_block(os.path.join(out, f"{kind}.npz"), attn, x, dy,
+                   lambda xi: attn(xi, freqs, positions, mask[kind])[0])  # fmt: skip
+    finish_block(out, name, DEEPSEEK_V4)
 
 
 def main():
