@@ -205,11 +205,11 @@ def make(name, config_cls, model_cls, *, seed, dtype=torch.float32, shard=None, 
     print(f"{name}: {sorted(os.listdir(out))} {size / 1e3:.0f} KB")
 
 
-def save_block(path: str, block, x, dy, forward) -> None:
-    """One attention block's fixture: input x, output y = forward(x), the cotangent dy,
-    dx, every weight and its gradient (of sum(y * dy)), float32, in one .npz."""
+def save_block(path: str, block, x, dy, *inputs) -> None:
+    """One attention block's fixture: input x, output y = block(x, *inputs)[0], the
+    cotangent dy, dx, every weight and its gradient (of sum(y * dy)), float32, one .npz."""
     xi = x.clone().requires_grad_(True)
-    y = forward(xi)
+    y = block(xi, *inputs)[0]
     (y * dy).sum().backward()
     arrays = {"x": x, "dy": dy, "y": y, "dx": xi.grad}
     for weight, p in block.named_parameters():
@@ -256,8 +256,7 @@ def llama4_attention(seed: int = 8, name: str = "llama4_attention") -> None:
     for layer, kind in enumerate(("rope", "nope")):
         attn = m.Llama4TextAttention(cfg, layer)
         randomize(attn, seed + layer)
-        save_block(os.path.join(out, f"{kind}.npz"), attn, x, dy,
-                   lambda xi: attn(xi, freqs, mask[kind])[0])  # fmt: skip
+        save_block(os.path.join(out, f"{kind}.npz"), attn, x, dy, freqs, mask[kind])
     finish_block(out, name, LLAMA4)
 
 
@@ -294,8 +293,7 @@ def deepseek_v4_attention(seed: int = 9, name: str = "deepseek_v4_attention") ->
         attn = m.DeepseekV4Attention(cfg, 0)
         assert attn.compressor is None
         randomize(attn, seed + offset)
-        save_block(os.path.join(out, f"{kind}.npz"), attn, x, dy,
-                   lambda xi: attn(xi, freqs, positions, mask[kind])[0])  # fmt: skip
+        save_block(os.path.join(out, f"{kind}.npz"), attn, x, dy, freqs, positions, mask[kind])
     finish_block(out, name, DEEPSEEK_V4)
 
 
