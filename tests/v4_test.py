@@ -19,6 +19,7 @@ from flax import nnx
 
 from rope_jax.nn import attention, v4
 from rope_jax.nn import model as model_lib
+from tests import decode_helpers
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "hf", "deepseek_v4_attention")
 TOLERANCE = 2e-5  # float32, atol = rtol
@@ -192,15 +193,8 @@ def test_decoding_through_the_tied_cache_equals_the_full_forward(impl):
     cache = model.init_cache(2, 12)
     assert [tuple(c) for c in cache["layers"]] == [("c",), ("c",)]
     assert [c["c"].shape[1:] for c in cache["layers"]] == [(4, 1, 16), (12, 1, 16)]
-    prompt = 5
-    positions = lambda a, z: jnp.broadcast_to(jnp.arange(a, z)[None, :, None], (2, z - a, 1))
-    decode = nnx.jit(lambda model, *args: model.decode(*args))  # one compile per length
-    logits, cache = decode(model, tokens[:, :prompt], positions(0, prompt), cache)
-    got = [logits]
-    for i in range(prompt, 12):
-        logits, cache = decode(model, tokens[:, i : i + 1], positions(i, i + 1), cache)
-        got.append(logits)
-    np.testing.assert_allclose(np.concatenate(got, 1), want, atol=1e-4, rtol=1e-4)
+    got = decode_helpers.stepwise_logits(model, tokens, prompt=5)
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
 
 
 BAD = [
