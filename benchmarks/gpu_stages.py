@@ -796,8 +796,8 @@ def rung(ctx: Context) -> None:
     done = seed_rows(r, seed, add=True, variant=variant)
     if not ctx.fits(60 if not ctx.smoke else 5):  # the compiles alone need about this
         return
-    _log(f"rung: compiling {len(todo)} rows, {steps} steps each ({steps * b * t:,} tokens)"
-         + (f", seed {seed}" if seed else "") + (f", variant {variant}" if variant else ""))
+    also = (f", seed {seed}" if seed else "") + (f", variant {variant}" if variant else "")
+    _log(f"rung: compiling {len(todo)} rows, {steps} steps each ({steps * b * t:,} tokens){also}")
     t0 = time.time()
     programs = _compile_rows({row: _rung_config(shape, lm.ROWS[row], meta["vocab_size"], steps,
                                                 impl, seed, changes) for row in todo})  # fmt: skip

@@ -223,8 +223,8 @@ def test_sinks_and_windows_equal_xla_in_loss_gradients_and_packed_documents(kv, 
                                        err_msg=f"{impl} {'/'.join(map(str, path))}")  # fmt: skip
 
 
-@pytest.mark.parametrize("impl", ["chunked"] + [pytest.param(i, marks=pytest.mark.slow)
-                                                for i in IMPLS if i != "chunked"])  # fmt: skip
+@pytest.mark.slow  # the quick loop decodes windows in generate_test, sinks in v4_test
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("kv,sites", [("separate", "qk"), ("tied", "qkvo")])
 def test_sliding_layers_with_sinks_decode_equal_to_the_full_forward(kv, sites, impl):
     """Each impl: prefill past the window, then single steps through the ring."""

@@ -286,6 +286,7 @@ def test_profile_finds_the_products_of_a_real_step(monkeypatch):
     assert model_flops <= found <= 1.05 * model_flops
 
 
+@pytest.mark.slow
 def test_products_bench_times_every_dense_layer_in_every_form(monkeypatch):
     pb = _load("products_bench")
     _micro_config(monkeypatch)

@@ -163,7 +163,7 @@ def test_stream_packing_restarts_after_every_eos():
     assert out["positions"].shape == (2, 8, 1) and out["positions"].dtype == np.float32
 
 
-@pytest.mark.parametrize("source", ["prepared", "raw"])
+@pytest.mark.parametrize("source", [pytest.param("prepared", marks=pytest.mark.slow), "raw"])
 def test_packed_rows_give_the_logits_of_their_documents_run_alone(data_root, corpus, source):
     fields = dict(packing="documents")
     config = (_config(data_root, "bytes", **fields) if source == "prepared"

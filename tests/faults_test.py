@@ -363,6 +363,7 @@ def test_a_truncated_file_stops_train_and_eval_naming_the_step(data_dir, saved, 
     assert step == 10 and [s for s, _ in skipped] == [20]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("at", [0.0, 0.5])
 def test_a_flip_in_a_chunk_header_or_payload_names_the_array(data_dir, saved, tmp_path, at):
     """At 0: the first chunk's zstd frame header, which TensorStore cannot decode; at 0.5
@@ -804,6 +805,7 @@ def test_eval_progress_counts_batches_from_the_compiled_one_and_checks_before_ea
     assert calls == [0, 1, 2]  # before batches 1, 2 and 3: the third is never scored
 
 
+@pytest.mark.slow
 def test_a_signal_dropped_while_text_is_generated_stops_it_before_the_text_is_printed(
     saved, capsys
 ):
@@ -1124,6 +1126,7 @@ def test_two_concurrent_evals_with_other_settings_never_replace_each_other(
     assert not os.path.exists(lock)
 
 
+@pytest.mark.slow
 def test_a_pinned_step_outlives_rotation_until_the_reader_closes(data_dir, saved, tmp_path):
     workdir = copy_run(saved, tmp_path)  # steps 10 and 20
     run = harness.build(tiny(data_dir))

@@ -301,9 +301,9 @@ def _sliding(kv, sites, sinks, seed=0):
 
 @pytest.mark.parametrize(
     "kv,sites,sinks",
-    [("separate", "qk", True)]
-    + [pytest.param(*v, marks=pytest.mark.slow)
-       for v in [("separate", "qk", False), ("separate", "vo", True), ("tied", "qkvo", True)]],
+    [pytest.param(*v, marks=pytest.mark.slow)  # the quick loop's ring: v4_test, irope_test
+     for v in [("separate", "qk", True), ("separate", "qk", False), ("separate", "vo", True),
+               ("tied", "qkvo", True)]],
 )  # fmt: skip
 def test_sliding_layers_decode_through_a_ring_of_w_slots_equal_to_the_full_forward(
     kv, sites, sinks

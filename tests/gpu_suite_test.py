@@ -183,7 +183,8 @@ def test_a_rung_trains_rows_again_at_another_seed_beside_its_table(corpus, tmp_p
     slow = after["variants"]["float32,lr=3e-4"]["0"]["nope"]
     assert slow["variant_changes"] == {"model.dtype": "float32", "optim.lr": 3e-4}
     assert slow["loss"] > table["nope"]["loss"]  # a tenth of the step size, as many steps
-    assert f"| nope | float32,lr=3e-4 | 0 | {slow['loss']:.4f} |" in (out / "gpu_suite.md").read_text()
+    page = (out / "gpu_suite.md").read_text()
+    assert f"| nope | float32,lr=3e-4 | 0 | {slow['loss']:.4f} |" in page
     new = tmp_path / "new"  # refused before --resume_from copies anything into it
     bad = _suite("--out", str(new), "--smoke", "--stage=rung", "--rung_rows=nope,vk",
                  "--resume_from", str(out))  # fmt: skip

@@ -188,7 +188,7 @@ def test_the_window_and_the_sinks_change_the_logits(name):
         assert max_diff(model(tokens), want) > 1e-2
 
 
-@pytest.mark.parametrize("name", SLIDING)
+@pytest.mark.parametrize("name", ["mistral", pytest.param("granite_swa", marks=pytest.mark.slow)])
 def test_greedy_decoding_past_the_window_equals_transformers(name):
     """`generate` through the key/value cache (ring caches on the sliding layers) gives
     transformers' greedy tokens (`greedy.npy`, its own cache), 26 tokens past W = 8 / 6."""
@@ -351,6 +351,7 @@ def random_model(seed=0, **overrides):
     return model, cfg
 
 
+@pytest.mark.slow
 def test_exported_run_is_what_llamaforcausallm_expects(tmp_path):
     """The names, shapes and config keys transformers' Llama reads (checked without torch;
     tests/hf_live_test.py loads it in transformers)."""

@@ -20,6 +20,12 @@ FIXTURE = os.path.join(os.path.dirname(__file__), "data", "hf", "llama4_attentio
 TOLERANCE = 2e-5  # float32, atol = rtol
 
 
+# xla in the quick loop, the other kernels in the full suite
+FIXTURE_IMPLS = ["xla"] + [
+    pytest.param(i, marks=pytest.mark.slow) for i in ("chunked", "dot_product")
+]
+
+
 def hf_config() -> dict:
     with open(os.path.join(FIXTURE, "config.json")) as f:
         return json.load(f)
@@ -95,7 +101,7 @@ def forward_and_grads(attn, x, dy):
     return np.asarray(y), grads
 
 
-@pytest.mark.parametrize("impl", ["xla", "chunked", "dot_product"])
+@pytest.mark.parametrize("impl", FIXTURE_IMPLS)
 @pytest.mark.parametrize("layer, kind", [(0, "rope"), (1, "nope")])
 def test_attention_equals_hf_llama4_forward_and_backward(layer, kind, impl):
     """Layer 0 rotates (complex pairs), L2-normalises q, k and attends in chunks of 4;
@@ -113,6 +119,7 @@ def test_attention_equals_hf_llama4_forward_and_backward(layer, kind, impl):
         np.testing.assert_allclose(g, want, atol=TOLERANCE, rtol=TOLERANCE, err_msg=name)
 
 
+@pytest.mark.slow
 def test_without_each_piece_the_fixture_is_missed():
     """The fixture tells the pieces apart: no chunk, no L2 norm, half pairs or no
     temperature each move the output by far more than the tolerance."""
@@ -159,7 +166,7 @@ def test_temperature_and_l2_norm_are_hf_formulas():
     np.testing.assert_allclose((y**2).mean(-1), 1.0, rtol=1e-4)
 
 
-@pytest.mark.parametrize("impl", ["xla", "chunked"])
+@pytest.mark.parametrize("impl", ["xla", pytest.param("chunked", marks=pytest.mark.slow)])
 def test_decoding_through_the_cache_equals_the_full_forward(impl):
     """A chunked layer's ring of C slots (chunk ids as segments) and a NoPE layer's
     temperature at the cached positions: prefill then one token at a time equals one

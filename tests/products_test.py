@@ -95,6 +95,7 @@ def test_forms_by_backend_and_dtype():
         products.dense(jnp.ones((2, 3)), jnp.ones((3, 4)), form="fast")
 
 
+@pytest.mark.slow
 def test_decoder_gradients_with_split_products_equal_plain(monkeypatch):
     """The whole bfloat16 decoder: loss and every parameter gradient with the split
     products against the same model built with plain einsums (bfloat16 tolerance)."""

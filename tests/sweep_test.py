@@ -707,6 +707,7 @@ def test_the_eta_counts_the_steps_a_resumed_run_trained_not_whole_runs(tmp_path)
     assert eta.left([(a, 1250), (b, 1250), (c, 1250), (b, 1250)]) == "0:16:40"  # b once
 
 
+@pytest.mark.slow
 def test_a_long_run_echoes_its_newest_progress_line_once_each_time_it_changes(tmp_path, capsys):
     """The sweep prints nothing of its own while a run trains (an hour at the L8 rung):
     every `heartbeat_s` it echoes the newest `step ...` line of the run's log if new."""

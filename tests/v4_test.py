@@ -25,6 +25,12 @@ FIXTURE = os.path.join(os.path.dirname(__file__), "data", "hf", "deepseek_v4_att
 TOLERANCE = 2e-5  # float32, atol = rtol
 
 
+# xla in the quick loop, the other kernels in the full suite
+FIXTURE_IMPLS = ["xla"] + [
+    pytest.param(i, marks=pytest.mark.slow) for i in ("chunked", "dot_product")
+]
+
+
 def hf_config() -> dict:
     with open(os.path.join(FIXTURE, "config.json")) as f:
         return json.load(f)
@@ -129,7 +135,7 @@ def max_error(got, want) -> float:
     return float(np.abs(np.asarray(got) - want).max())
 
 
-@pytest.mark.parametrize("impl", ["xla", "chunked", "dot_product"])
+@pytest.mark.parametrize("impl", FIXTURE_IMPLS)
 @pytest.mark.parametrize("kind", ["sliding", "full"])
 def test_attention_equals_hf_deepseek_v4_forward_and_backward(kind, impl):
     """The sliding block (W = 4 < T = 12) and the same block under a full causal mask."""
@@ -156,6 +162,7 @@ def _without_output_rotation(module, x, positions):
     return module._out(o)
 
 
+@pytest.mark.slow
 def test_without_each_piece_the_fixture_is_missed():
     """Sinks, the output turned back, the trailing slice, the q head norm and the kv norm
     each move the output by far more than the tolerance."""
@@ -181,7 +188,7 @@ def test_the_head_order_moves_the_trailing_slice_first():
         v4.head_order(8, 3)
 
 
-@pytest.mark.parametrize("impl", ["xla", "chunked"])
+@pytest.mark.parametrize("impl", ["xla", pytest.param("chunked", marks=pytest.mark.slow)])
 def test_decoding_through_the_tied_cache_equals_the_full_forward(impl):
     """A sliding V4 layer (a ring of W slots of the rotated, normed latent) and a full
     one: prefill then one token at a time equals one forward pass (logits)."""

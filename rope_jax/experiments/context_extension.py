@@ -8,8 +8,9 @@ without fine-tuning and after a short fine-tune at 4T; held-out loss and passkey
 Rows: the rows of --config's `sweep(add)` (configs/lm.py: the rotation sites qk, vo,
 qkvo, k, nope, ...), and this experiment's own axis, the learned rotations (`LEARNED`:
 freqs, commuting, on the qk sites); default `DEFAULT_ROWS`. Rules (`RULES`,
-docs/maths.md#context-scaling): none (the model as trained), linear (position interpolation), dynamic (NTK-aware, at each length), yarn and
-llama3, each with factor f = --factor (4) from L0 = T. A rule applies to a row with a
+docs/maths.md#context-scaling): none (the model as trained), linear (position
+interpolation), dynamic (NTK-aware, at each length), yarn and llama3, each with factor
+f = --factor (4) from L0 = T. A rule applies to a row with a
 fixed rotation; NoPE and the learned rotations have only `none`.
 
 Per (row, seed), in <workdir>/<row>/seed_<k>/:

@@ -64,7 +64,7 @@ def chars_in_place(continuation: str, target: str) -> float:
     """Share of `target`'s characters equal to `continuation`'s at the same index."""
     if not target:
         raise ValueError("chars_in_place: the target is empty")
-    return sum(a == b for a, b in zip(continuation, target)) / len(target)
+    return sum(a == b for a, b in zip(continuation, target, strict=False)) / len(target)
 
 
 SCORERS = {"all": (string_match_all, match_all), "part": (string_match_part, match_part)}

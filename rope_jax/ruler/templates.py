@@ -24,8 +24,8 @@ Fields: `before`/`after` the text around the context ({type_needle_v}, {query}, 
 `singular` the replacements RULER makes when one value is asked (`Some` -> `A`, `are` ->
 `is`, ...), `shots` the number of worked examples (`shot_tokens` the most tokens of vt's),
 `answer` the niah target's (lead, separator) around the values (RULER's `(" ", ", ")`
-when absent), `max_new_tokens` the answer budgets (tokens) by family, and `counts` overrides of the task
-counts (see `rope_jax.ruler.TASKS`).
+when absent), `max_new_tokens` the answer budgets (tokens) by family, and `counts`
+overrides of the task counts (see `rope_jax.ruler.TASKS`).
 """
 
 from __future__ import annotations

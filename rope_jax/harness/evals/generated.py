@@ -21,9 +21,9 @@ import numpy as np
 from flax import nnx
 
 from rope_jax import data, ruler
-from rope_jax.ruler import scoring
 from rope_jax.harness.evals.common import Cell, Context, text_stream
 from rope_jax.nn import generate
+from rope_jax.ruler import scoring
 
 
 class Generated:
