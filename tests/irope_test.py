@@ -3,9 +3,6 @@ temperature of NoPE layers, against HF's `Llama4TextAttention` (tests/data/hf/
 llama4_attention, made by scripts/make_hf_fixtures.py), a direct masked softmax, and
 decoding through the cache; bad settings are one ValueError line."""
 
-import json
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,21 +11,14 @@ from flax import nnx
 
 from rope_jax.nn import irope, kernels, sliding
 from rope_jax.nn import model as model_lib
-from tests import decode_helpers
+from tests import hf_blocks
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "data", "hf", "llama4_attention")
+FIXTURE = "llama4_attention"
 TOLERANCE = 2e-5  # float32, atol = rtol
 
 
-# xla in the quick loop, the other kernels in the full suite
-FIXTURE_IMPLS = ["xla"] + [
-    pytest.param(i, marks=pytest.mark.slow) for i in ("chunked", "dot_product")
-]
-
-
 def hf_config() -> dict:
-    with open(os.path.join(FIXTURE, "config.json")) as f:
-        return json.load(f)
+    return hf_blocks.config(FIXTURE)
 
 
 def nope_every(no_rope_layers) -> int:
@@ -101,13 +91,13 @@ def forward_and_grads(attn, x, dy):
     return np.asarray(y), grads
 
 
-@pytest.mark.parametrize("impl", FIXTURE_IMPLS)
+@pytest.mark.parametrize("impl", hf_blocks.IMPLS)
 @pytest.mark.parametrize("layer, kind", [(0, "rope"), (1, "nope")])
 def test_attention_equals_hf_llama4_forward_and_backward(layer, kind, impl):
     """Layer 0 rotates (complex pairs), L2-normalises q, k and attends in chunks of 4;
     layer 1 is NoPE with the query temperature over the full causal mask."""
     hf = hf_config()
-    arrays = dict(np.load(os.path.join(FIXTURE, f"{kind}.npz")))
+    arrays = hf_blocks.arrays(FIXTURE, kind)
     attn = decoder(hf, attention={"impl": impl}).blocks[layer].attn
     assert (attn.chunk, bool(attn.sites)) == ((4, True) if kind == "rope" else (None, False))
     assert attn.qk_l2_norm == (kind == "rope") and (attn.temperature is None) == (kind == "rope")
@@ -124,7 +114,7 @@ def test_without_each_piece_the_fixture_is_missed():
     """The fixture tells the pieces apart: no chunk, no L2 norm, half pairs or no
     temperature each move the output by far more than the tolerance."""
     hf = hf_config()
-    rope, nope = (dict(np.load(os.path.join(FIXTURE, f"{k}.npz"))) for k in ("rope", "nope"))
+    rope, nope = (hf_blocks.arrays(FIXTURE, k) for k in ("rope", "nope"))
     changes = [
         (0, rope, {"attention": {"layer_types": ("full", "full"), "chunk": 0}}),
         (0, rope, {"attention": {"qk_l2_norm": False}}),
@@ -177,7 +167,7 @@ def test_decoding_through_the_cache_equals_the_full_forward(impl):
     want = model(tokens)
     cache = model.init_cache(2, 14)
     assert [next(iter(c.values())).shape[1] for c in cache["layers"]] == [4, 14]
-    got = decode_helpers.stepwise_logits(model, tokens, prompt=5)
+    got = hf_blocks.stepwise_logits(model, tokens, prompt=5)
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
     chunked = model_lib.check_config(model_config(hf))
     full = model_lib.check_config(model_config(hf, attention={"layer_types": ("full",) * 2,

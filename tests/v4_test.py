@@ -8,9 +8,6 @@ cache, and bad settings as one ValueError line.
 Out of scope: V4's compressed-KV layers (CSA, HCA) and their indexer; the fixture's
 layer is a "sliding_attention" one, which has no compressor."""
 
-import json
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,25 +16,18 @@ from flax import nnx
 
 from rope_jax.nn import attention, v4
 from rope_jax.nn import model as model_lib
-from tests import decode_helpers
+from tests import hf_blocks
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "data", "hf", "deepseek_v4_attention")
+FIXTURE = "deepseek_v4_attention"
 TOLERANCE = 2e-5  # float32, atol = rtol
 
 
-# xla in the quick loop, the other kernels in the full suite
-FIXTURE_IMPLS = ["xla"] + [
-    pytest.param(i, marks=pytest.mark.slow) for i in ("chunked", "dot_product")
-]
-
-
 def hf_config() -> dict:
-    with open(os.path.join(FIXTURE, "config.json")) as f:
-        return json.load(f)
+    return hf_blocks.config(FIXTURE)
 
 
 def fixture(kind: str) -> dict:
-    return dict(np.load(os.path.join(FIXTURE, f"{kind}.npz")))
+    return hf_blocks.arrays(FIXTURE, kind)
 
 
 def model_config(hf: dict, kind: str = "sliding", **changes) -> dict:
@@ -135,7 +125,7 @@ def max_error(got, want) -> float:
     return float(np.abs(np.asarray(got) - want).max())
 
 
-@pytest.mark.parametrize("impl", FIXTURE_IMPLS)
+@pytest.mark.parametrize("impl", hf_blocks.IMPLS)
 @pytest.mark.parametrize("kind", ["sliding", "full"])
 def test_attention_equals_hf_deepseek_v4_forward_and_backward(kind, impl):
     """The sliding block (W = 4 < T = 12) and the same block under a full causal mask."""
@@ -200,7 +190,7 @@ def test_decoding_through_the_tied_cache_equals_the_full_forward(impl):
     cache = model.init_cache(2, 12)
     assert [tuple(c) for c in cache["layers"]] == [("c",), ("c",)]
     assert [c["c"].shape[1:] for c in cache["layers"]] == [(4, 1, 16), (12, 1, 16)]
-    got = decode_helpers.stepwise_logits(model, tokens, prompt=5)
+    got = hf_blocks.stepwise_logits(model, tokens, prompt=5)
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
 
 
