@@ -169,7 +169,8 @@ def _rung(r: dict) -> list[str]:
         "windows of 2T and 4T. 'Training windows': the final parameters scored on as many "
         "windows of the training tokens through the same evaluation program (far above the "
         "last training losses: an evaluation fault; near them: poor generalisation); every "
-        "step's loss and gradient norm are in rung.json (step_loss, step_grad_norm)."
+        "step's loss and gradient norm are in rung.json (step_loss, step_grad_norm), and "
+        "each layer's largest attention logit at 100 steps spread over the run (max_logit)."
         + _rung_timing(r.get("timing")),
         "",
         f"| row | held-out loss @{t} | @{2 * t} | @{4 * t} | bits/byte @{t} | "

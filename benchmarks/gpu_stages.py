@@ -33,6 +33,7 @@ RUNG_SHAPE = dict(num_layers=8, embed_dim=512, num_heads=8, num_kv_heads=4, head
                   mlp_dim=1536, seq_len=512, batch=64, lr=1e-3, warmup=100)  # fmt: skip
 # tokens each row of the rung trains on (a sample drawn at random from the carried corpus)
 RUNG_TOKENS, SMOKE_RUNG_TOKENS = 100_000_000, 20 * 4 * 32
+LOGIT_SAMPLES = 100  # largest-attention-logit probes in a rung row (a forward each)
 SMOKE_RUNG_SHAPE = dict(num_layers=1, embed_dim=32, num_heads=2, num_kv_heads=1, head_dim=16,
                         mlp_dim=64, seq_len=32, batch=4, lr=3e-3, warmup=2)  # fmt: skip
 # tolerances of `kernels`: (loss, gradients), relative to the reference's size
@@ -665,21 +666,30 @@ def _train_row(row: _Row, train, val, *, seed: int, eval_windows: int) -> dict:
     """Trains one row from scratch on random windows (data order fixed by `seed`, the
     same for every row), then its held-out loss at T, 2T and 4T, and its loss on
     training windows through the same evaluation program; every step's loss and
-    gradient norm are kept (fetched once at the end: no step waits on the host)."""
+    gradient norm are kept (fetched once at the end: no step waits on the host), and
+    each layer's largest attention logit (`nn.probe`) on the step's batch before the
+    step, LOGIT_SAMPLES times in a run: [[step, [per layer]], ...]."""
     import jax
     import numpy as np
+    from flax import nnx
 
     from rope_jax import harness, sharding
+    from rope_jax.nn import probe
 
     run, config = row.run, row.config
     b, t, steps = config.data.global_batch_size, config.data.seq_len, config.train.num_steps
     rng = np.random.default_rng(seed)
+    probe_every = max(steps // LOGIT_SAMPLES, 1)
+    logits_of = jax.jit(lambda params, tokens: probe.max_attention_logits(
+        nnx.merge(run.graphdef, params), tokens))  # fmt: skip
     with sharding.use_mesh(run.mesh, run.rules):
         state = jax.jit(run.init_fn, out_shardings=run.shardings)()
-        metrics = []
+        metrics, logits = [], []
         t1 = time.time()
-        for _ in range(steps):
+        for i in range(steps):
             batch = _random_windows(train, rng, b, t)
+            if i % probe_every == 0:  # before the step donates the state
+                logits.append(logits_of(state["params"], batch["inputs"]))
             state, m = row.train(state, harness.put_batch(batch, run.batch_sharding))
             metrics.append((m["loss"], m["grad_norm"]))
         jax.block_until_ready(state)
@@ -693,6 +703,8 @@ def _train_row(row: _Row, train, val, *, seed: int, eval_windows: int) -> dict:
                 bits_per_byte_at={k: v[1] for k, v in held.items()}, train_curve=curve,
                 step_loss=[float(x) for x in every[:, 0]],
                 step_grad_norm=[float(x) for x in every[:, 1]],
+                max_logit=[[i * probe_every, [float(x) for x in layers]]
+                           for i, layers in enumerate(jax.device_get(logits))],
                 train_windows_loss=on_train, compile_s=row.compile_s, train_s=train_s,
                 tokens=steps * b * t)  # fmt: skip
 

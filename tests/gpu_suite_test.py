@@ -105,6 +105,11 @@ def test_every_stage_runs_in_smoke_mode_and_resumes(corpus, tmp_path):
         assert row["step_loss"][0] == row["train_curve"][0][1]
         # the final parameters on training windows, through the held-out windows' program
         assert 0 < row["train_windows_loss"] < row["step_loss"][0]
+        # each layer's largest attention logit, sampled at steps 0, k, 2k, ...
+        steps = [s for s, _ in row["max_logit"]]
+        assert steps[0] == 0 and steps == sorted(set(steps)) and steps[-1] < rung["steps"]
+        assert all(len(layers) == rung["shape"]["num_layers"] and np.all(np.isfinite(layers))
+                   for _, layers in row["max_logit"])  # fmt: skip
     assert "| training windows @" in (out / "gpu_suite.md").read_text()
     for row in rung["rows"].values():  # trained: below the uniform guess over 259 ids
         assert row["loss"] < np.log(259) and row["bits_per_byte"] > 0
