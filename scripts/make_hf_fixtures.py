@@ -205,6 +205,22 @@ def make(name, config_cls, model_cls, *, seed, dtype=torch.float32, shard=None, 
     print(f"{name}: {sorted(os.listdir(out))} {size / 1e3:.0f} KB")
 
 
+def start_block(name: str, cfg, seed: int):
+    """(out, x, dy, positions, mask kwargs) of an attention block's fixture: its folder
+    made empty, an input [B, 12, D] and a cotangent drawn from `seed`, text positions,
+    and the keyword arguments of transformers' mask builders."""
+    out = os.path.join(OUT, name)
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, 12, cfg.hidden_size, generator=gen)
+    dy = torch.randn(B, 12, cfg.hidden_size, generator=gen)
+    positions = torch.arange(x.shape[1])[None].expand(B, -1)
+    masks = dict(config=cfg, inputs_embeds=x, attention_mask=None, past_key_values=None,
+                 position_ids=positions)  # fmt: skip
+    return out, x, dy, positions, masks
+
+
 def save_block(path: str, block, x, dy, *inputs) -> None:
     """One attention block's fixture: input x, output y = block(x, *inputs)[0], the
     cotangent dy, dx, every weight and its gradient (of sum(y * dy)), float32, one .npz."""
@@ -241,17 +257,9 @@ def llama4_attention(seed: int = 8, name: str = "llama4_attention") -> None:
     from transformers.masking_utils import create_causal_mask, create_chunked_causal_mask
     from transformers.models.llama4 import modeling_llama4 as m
 
-    out = os.path.join(OUT, name)
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
     cfg = transformers.Llama4TextConfig(**LLAMA4, attn_implementation="eager")
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, 12, cfg.hidden_size, generator=gen)
-    dy = torch.randn(B, 12, cfg.hidden_size, generator=gen)
-    positions = torch.arange(x.shape[1])[None].expand(B, -1)
+    out, x, dy, positions, masks = start_block(name, cfg, seed)
     freqs = m.Llama4TextRotaryEmbedding(cfg)(x, positions)
-    masks = dict(config=cfg, inputs_embeds=x, attention_mask=None, past_key_values=None,
-                 position_ids=positions)  # fmt: skip
     mask = {"rope": create_chunked_causal_mask(**masks), "nope": create_causal_mask(**masks)}
     for layer, kind in enumerate(("rope", "nope")):
         attn = m.Llama4TextAttention(cfg, layer)
@@ -275,18 +283,10 @@ def deepseek_v4_attention(seed: int = 9, name: str = "deepseek_v4_attention") ->
     from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
     from transformers.models.deepseek_v4 import modeling_deepseek_v4 as m
 
-    out = os.path.join(OUT, name)
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
     cfg = transformers.DeepseekV4Config(**DEEPSEEK_V4, attn_implementation="eager")
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, 12, cfg.hidden_size, generator=gen)
-    dy = torch.randn(B, 12, cfg.hidden_size, generator=gen)
-    positions = torch.arange(x.shape[1])[None].expand(B, -1)
+    out, x, dy, positions, masks = start_block(name, cfg, seed)
     rotary = m.DeepseekV4RotaryEmbedding(cfg)
     freqs = {kind: rotary(x, positions, layer_type=kind) for kind in ("main", "compress")}
-    masks = dict(config=cfg, inputs_embeds=x, attention_mask=None, past_key_values=None,
-                 position_ids=positions)  # fmt: skip
     mask = {"sliding": create_sliding_window_causal_mask(**masks),
             "full": create_causal_mask(**masks)}  # fmt: skip
     for offset, kind in enumerate(("sliding", "full")):
