@@ -23,6 +23,19 @@ def config(name: str) -> dict:
         return json.load(f)
 
 
+def shape(hf: dict) -> dict:
+    """The decoder's shape fields (`config.model`) of an HF config's."""
+    return {
+        "vocab_size": hf["vocab_size"],
+        "num_layers": hf["num_hidden_layers"],
+        "embed_dim": hf["hidden_size"],
+        "num_heads": hf["num_attention_heads"],
+        "num_kv_heads": hf["num_key_value_heads"],
+        "head_dim": hf["head_dim"],
+        "norm_eps": hf["rms_norm_eps"],
+    }
+
+
 def arrays(name: str, kind: str) -> dict:
     """{input, output, cotangent, every weight and gradient} of one block of `name`."""
     return dict(np.load(os.path.join(FIXTURES, name, f"{kind}.npz")))

@@ -35,13 +35,7 @@ def model_config(hf: dict, **changes) -> dict:
     k = nope_every(hf["no_rope_layers"])
     types = tuple("full" if (i + 1) % k == 0 else "chunked" for i in range(hf["num_hidden_layers"]))
     return {
-        "vocab_size": hf["vocab_size"],
-        "num_layers": hf["num_hidden_layers"],
-        "embed_dim": hf["hidden_size"],
-        "num_heads": hf["num_attention_heads"],
-        "num_kv_heads": hf["num_key_value_heads"],
-        "head_dim": hf["head_dim"],
-        "norm_eps": hf["rms_norm_eps"],
+        **hf_blocks.shape(hf),
         "attention": {"layer_types": types, "chunk": hf["attention_chunk_size"],
                       "qk_l2_norm": hf["use_qk_norm"], **changes.pop("attention", {})},
         "rope": {"nope_every": k, "layout": "interleaved",

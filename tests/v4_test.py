@@ -36,13 +36,7 @@ def model_config(hf: dict, kind: str = "sliding", **changes) -> dict:
     window ("full": the same block under a plain causal mask)."""
     sliding = kind == "sliding"
     return {
-        "vocab_size": hf["vocab_size"],
-        "num_layers": hf["num_hidden_layers"],
-        "embed_dim": hf["hidden_size"],
-        "num_heads": hf["num_attention_heads"],
-        "num_kv_heads": hf["num_key_value_heads"],
-        "head_dim": hf["head_dim"],
-        "norm_eps": hf["rms_norm_eps"],
+        **hf_blocks.shape(hf),
         "attention": {"kv": "tied", "sinks": True,
                       "window": hf["sliding_window"] if sliding else 0,
                       "layer_types": ("sliding" if sliding else "full",) * hf["num_hidden_layers"],
