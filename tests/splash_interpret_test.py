@@ -68,23 +68,12 @@ def test_splash_equals_xla_in_the_interpreter(interpreted, case):
 
 
 @pytest.mark.slow
-def test_splash_local_mask_with_sinks_equals_xla(interpreted):
-    """Whole blocks: the window is the kernel's lazy LocalMask (blocks before it skipped)."""
+@pytest.mark.parametrize("local", [{"window": 150}, {"chunk": 160}], ids=["window", "chunk"])
+def test_splash_local_masks_with_sinks_equal_xla(interpreted, local):
+    """Whole blocks (from key 0): the window is the kernel's lazy LocalMask, the chunk its
+    ChunkedCausalMask (blocks outside them skipped)."""
     q, k, v = _qkv(384, 384)
-    kw = dict(causal=True, window=150, sinks=jnp.linspace(-1.0, 2.0, 4))
-    loss = lambda impl: lambda q, k, v, z: jnp.sum(
-        kernels.mix(q, k, v, impl=impl, block_size=128, **{**kw, "sinks": z}) ** 2)  # fmt: skip
-    got = jax.value_and_grad(loss("splash"), argnums=(0, 1, 2, 3))(q, k, v, kw["sinks"])
-    want = jax.value_and_grad(loss("xla"), argnums=(0, 1, 2, 3))(q, k, v, kw["sinks"])
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-4, rtol=2e-4)
-
-
-@pytest.mark.slow
-def test_splash_chunked_mask_with_sinks_equals_xla(interpreted):
-    """Whole blocks from key 0: the chunk is the kernel's lazy ChunkedCausalMask."""
-    q, k, v = _qkv(384, 384)
-    kw = dict(causal=True, chunk=160, sinks=jnp.linspace(-1.0, 2.0, 4))
+    kw = dict(causal=True, sinks=jnp.linspace(-1.0, 2.0, 4), **local)
     loss = lambda impl: lambda q, k, v, z: jnp.sum(
         kernels.mix(q, k, v, impl=impl, block_size=128, **{**kw, "sinks": z}) ** 2)  # fmt: skip
     got = jax.value_and_grad(loss("splash"), argnums=(0, 1, 2, 3))(q, k, v, kw["sinks"])
