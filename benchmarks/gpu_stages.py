@@ -758,14 +758,10 @@ def seed_rows(result: dict, seed: int, *, add: bool = False, variant: str = "") 
     another seed's under "more_seeds" (its measure of the seed noise), a variant's
     (`rung_variant`'s label) under "variants" -> label -> seed; with `add`, the dict kept
     in `result` (made if absent)."""
-    holder, key = result, "rows"
-    if seed or variant:
-        key = str(seed)
-        holder = result.setdefault("more_seeds", {}) if add else result.get("more_seeds", {})
-    if variant:
-        variants = result.setdefault("variants", {}) if add else result.get("variants", {})
-        holder = variants.setdefault(variant, {}) if add else variants.get(variant, {})
-    return holder.setdefault(key, {}) if add else holder.get(key, {})
+    path = ("more_seeds", str(seed)) if seed else ("rows",)
+    for key in ("variants", variant, str(seed)) if variant else path:
+        result = result.setdefault(key, {}) if add else result.get(key, {})
+    return result
 
 
 def rung_todo(result: dict, smoke: bool, seed: int = 0, spec: tuple = (),
