@@ -10,8 +10,8 @@ qkvo, k, nope, ...), and this experiment's own axis, the learned rotations (`LEA
 freqs, commuting, on the qk sites); default `DEFAULT_ROWS`. Rules (`RULES`,
 docs/maths.md#context-scaling): none (the model as trained), linear (position
 interpolation), dynamic (NTK-aware, at each length), yarn and llama3, each with factor
-f = --factor (4) from L0 = T. A rule applies to a row with a
-fixed rotation; NoPE and the learned rotations have only `none`.
+f = --factor (4) from L0 = T. A rule applies to a row with a fixed rotation; NoPE and
+the learned rotations have only `none`.
 
 Per (row, seed), in <workdir>/<row>/seed_<k>/:
   base/          train.py at T (`data.passkey_rate` of the config, default --passkey_rate),
