@@ -15,7 +15,8 @@
                  ship with the installed packages) | "linux_source" (an archive, read
                  with a data.tokenizer) | a multimodal family | a dataset prepared by
                  `python -m rope_jax.data.prepare` under data_dir (read from its shards
-                 by random access, never loaded) | any TFDS dataset name, which must
+                 by random access, never loaded) | a carried corpus, a folder of
+                 token arrays packed to travel (`carried`) | any TFDS dataset name, which must
                  already be on disk as array_record under data_dir (never downloaded).
                  Which one, in what order: `sources.resolve`, the one place.
   files:         glob of local UTF-8 text files ("" = unused); when set it replaces
@@ -60,6 +61,7 @@ from rope_jax.data.byte_ids import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, decode, e
 from rope_jax.data.corpora import CORPORA, RopePythonStdlib, RopeShakespeare
 from rope_jax.data.digits import RopeDigits
 from rope_jax.data.kinds import (
+    Carried,
     Multimodal,
     Prepared,
     Text,
@@ -82,6 +84,7 @@ def default_config() -> ml_collections.ConfigDict:
 __all__ = [
     "BOS_ID",
     "CORPORA",
+    "Carried",
     "DataSourceError",
     "EOS_ID",
     "Multimodal",

@@ -8,11 +8,13 @@ trains on:
   Prepared    a corpus prepared by `python -m rope_jax.data.prepare` (or prepared on
               first use: a shipped corpus or `data.files` with a `data.tokenizer`),
               read window by window from its shards, with the dataset's tokenizer.
+  Carried     a prepared corpus's ids packed to travel (`data.carried`), held in
+              memory: the same windows, without the tokenizer.
   Multimodal  question-answer sequences over digit grids (`multimodal.FAMILIES`):
               batches add `patches`, `is_patch`, `positions` (placed by the layout
               scheme `data.scheme`) and `task`; 2 or 3 position axes.
 
-Text and Prepared batches are alike: inputs, targets, weights; `target_bytes` in
+Text, Prepared and Carried batches are alike: inputs, targets, weights; `target_bytes` in
 evaluation (bits per byte); segments and positions with `data.packing='documents'`.
 Every kind has a `tokenizer()` and its `vocab_size`, which the model's must equal.
 
@@ -31,6 +33,7 @@ import numpy as np
 
 from rope_jax import layouts
 from rope_jax.data import (
+    carried,
     digits,
     multimodal,
     packing,
@@ -127,6 +130,61 @@ class Prepared(Text):
         return prepared.eval_iterator(self.config, self.path, **kw)
 
 
+class Carried(Text):
+    """A carried corpus at `path` (`data.carried`): token ids in memory, no tokenizer."""
+
+    name = "carried"
+
+    def __init__(self, data_config, path: str):
+        self.config, self.path = data_config, path
+
+    def tokenizer(self) -> tokenizers.Tokenizer:
+        raise ValueError(f"{sources.describe(self.config)} is a carried corpus: token ids "
+                         "without their tokenizer (use the prepared dataset it was packed "
+                         "from)")  # fmt: skip
+
+    @property
+    def vocab_size(self) -> int:
+        return int(carried.metadata(self.path)["vocab_size"])
+
+    def check(self, model_config, eval_splits=()) -> None:
+        """Packing; no passkey or RULER windows (they are made from text)."""
+        packing.check(self.config, text=True)
+        passkey.check(self.config, byte_text=False)
+        synthetic.check(self.config)
+        if self.config.synthetic_rate:
+            raise ValueError(f"data.synthetic_rate={self.config.synthetic_rate}: RULER's tasks "
+                             "are made from text; a carried corpus holds only ids")  # fmt: skip
+
+    def prepare(self) -> None:
+        """Nothing to build: the folder holds every split it will ever have."""
+
+    def _source(self, split: str) -> pipeline.TokenArray:
+        return pipeline.TokenArray(*carried.arrays(self.path, split))
+
+    def train_iterator(self, *, seed, batch_size, shard):
+        """Shuffled full windows of the carried training ids, a new permutation per epoch."""
+        seq_len, source = int(self.config.seq_len), self._source(self.config.train_split)
+        num_windows = (len(source) - 1) // seq_len
+        if num_windows < 1:
+            raise sources.DataSourceError(
+                f"the train split of {self.path} has {len(source)} tokens, fewer than "
+                f"data.seq_len + 1 = {seq_len + 1}"
+            )
+        windows = pipeline.Windows(source, seq_len, shard, packing_mode=packing.mode(self.config))
+        return pipeline.shuffled_batches(num_windows, windows, seed=seed, batch_size=batch_size,
+                                         shard=shard)  # fmt: skip
+
+    def _eval_batches(self, *, split, batch_size, seq_len, num_batches, shard, spread):
+        """Every window of a carried split once, in order, with each target's bytes."""
+        source = self._source(split)
+        windows = pipeline.Windows(source, seq_len, shard, packing_mode=packing.mode(self.config),
+                                   target_bytes=True)  # fmt: skip
+        return pipeline.ordered_batches(pipeline.num_eval_windows(len(source), seq_len), windows,
+                                        batch_size=batch_size, shard=shard,
+                                        num_batches=num_batches, spread=spread)  # fmt: skip
+
+
 class Multimodal:
     """Digit-grid questions (`multimodal.FAMILIES`): A from the family, tasks, patches."""
 
@@ -179,7 +237,7 @@ class Multimodal:
         )
 
 
-def kind(data_config) -> Text | Prepared | Multimodal:
+def kind(data_config) -> Text | Prepared | Carried | Multimodal:
     """The kind of data `config.data` names: a multimodal family, a prepared corpus (named,
     or a raw one with a `data.tokenizer`), or else raw byte-level text. Decided once per
     resolved (frozen) config: its file-system probe is not repeated."""
@@ -189,11 +247,11 @@ def kind(data_config) -> Text | Prepared | Multimodal:
 
 
 @functools.lru_cache(maxsize=16)
-def _kind_of_resolved(data_config) -> Text | Prepared | Multimodal:
+def _kind_of_resolved(data_config) -> Text | Prepared | Carried | Multimodal:
     return _kind(data_config)
 
 
-def _kind(data_config) -> Text | Prepared | Multimodal:
+def _kind(data_config) -> Text | Prepared | Carried | Multimodal:
     for of in KINDS:
         found = of(data_config)
         if found is not None:
@@ -213,6 +271,14 @@ def _multimodal(data_config) -> Multimodal | None:
     return Multimodal(data_config)
 
 
+def _carried(data_config) -> Carried | None:
+    """A carried corpus named by `data.name` (`sources.resolve`)."""
+    if not data_config.name or data_config.files:
+        return None
+    source = sources.resolve(data_config)
+    return Carried(data_config, source.spec) if source.kind == "carried" else None
+
+
 def _prepared(data_config) -> Prepared | None:
     """A prepared dataset: named, or a raw source with a `data.tokenizer` (auto)."""
     path = prepared.dataset_path(data_config)
@@ -221,7 +287,7 @@ def _prepared(data_config) -> Prepared | None:
 
 # The data kinds, asked in order; the first that takes the config is its kind. A new kind
 # is a class with the methods of `Text` and one entry here.
-KINDS = (_multimodal, _prepared, Text)
+KINDS = (_multimodal, _carried, _prepared, Text)
 
 
 def check_scheme(data_config) -> None:

@@ -33,24 +33,31 @@ READ_OPTIONS = grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)
 
 
 class TokenArray:
-    """A window source over a token stream held in memory (a raw split's bytes): window i
-    is stream[i*T : i*T + T + 1], PAD past the end; documents end with EOS."""
+    """A window source over a token stream held in memory (a raw split's bytes, or the ids
+    of a carried corpus, `data.carried`): window i is stream[i*T : i*T + T + 1], PAD past
+    the end; documents end with EOS.
 
-    def __init__(self, tokens: np.ndarray):
-        self.tokens = tokens
+    `token_bytes`: the UTF-8 bytes of each token of the stream ([N], as `tokens`), or None
+    for byte ids (1 for a byte id, 0 for EOS); all zero where the bytes are unknown."""
+
+    def __init__(self, tokens: np.ndarray, token_bytes: np.ndarray | None = None):
+        self.tokens, self.token_bytes = tokens, token_bytes
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def windows(self, rows: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
         """`tokens` int32 [B, T+1] and `valid` bool [B, T+1] of windows `rows`; `bytes`
-        (1 for a byte id, 0 for EOS and padding). Segments follow from EOS (`Windows`)."""
+        (each token's UTF-8 bytes, 0 for padding). Segments follow from EOS (`Windows`)."""
         n = len(self.tokens)
         pos = rows[:, None] * seq_len + np.arange(seq_len + 1)[None, :]  # [B, T+1]
         valid = pos < n
         tokens = np.where(valid, self.tokens[np.minimum(pos, n - 1)], PAD_ID).astype(np.int32)
-        return {"tokens": tokens, "valid": valid,
-                "bytes": ((tokens < 256) & valid).astype(np.int32)}  # fmt: skip
+        if self.token_bytes is None:
+            counts = tokens < 256
+        else:
+            counts = self.token_bytes[np.minimum(pos, n - 1)]
+        return {"tokens": tokens, "valid": valid, "bytes": (counts * valid).astype(np.int32)}
 
 
 class Windows:

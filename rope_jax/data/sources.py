@@ -34,7 +34,16 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import tensorflow_datasets as tfds
 
-from rope_jax.data import archives, corpora, multimodal, readers, shards, splits, tfds_datasets
+from rope_jax.data import (
+    archives,
+    carried,
+    corpora,
+    multimodal,
+    readers,
+    shards,
+    splits,
+    tfds_datasets,
+)
 from rope_jax.data.byte_ids import EOS_ID
 from rope_jax.data.readers import DataSourceError, Doc
 
@@ -177,8 +186,8 @@ SOURCES: dict[str, Kind] = {
 @dataclasses.dataclass(frozen=True)
 class Source:
     """What a config or a `--source` names: `kind` (a key of `SOURCES`, or `prepared`, or
-    `multimodal`) and `spec` (the `--source` string; the dataset's DIR/NAME when
-    prepared; the family's name when multimodal)."""
+    `multimodal` or `carried`) and `spec` (the `--source` string; the dataset's DIR/NAME
+    when prepared or carried; the family's name when multimodal)."""
 
     kind: str
     spec: str
@@ -227,6 +236,7 @@ def resolve(data_config) -> Source:
     `data.files`, when set, is a glob of local files (`files`) and `data.name` is not
     read. Else `data.name` names, asked in this order:
       1. a multimodal family (`multimodal.FAMILIES`: digit_grids, digit_videos);
+      1b. a carried corpus <data_dir>/NAME, or the folder NAME (`carried`);
       2. a shipped corpus or an archive when `data.tokenizer` asks for tokens other
          than bytes: prepared on first use into <data_dir>/prepared/;
       3. a prepared dataset <data_dir>/NAME (metadata.json, or one being prepared);
@@ -240,6 +250,9 @@ def resolve(data_config) -> Source:
         raise DataSourceError("data.name is empty and data.files is empty: set one of them")
     if name in multimodal.FAMILIES:
         return Source("multimodal", name)
+    path = os.path.join(root_dir(data_config), os.path.expanduser(name))
+    if carried.is_carried(path):
+        return Source("carried", path)
     own = parse(name) if not tfds_datasets.is_source(name) else None
     own = own if own is not None and own.kind != "files" else None
     if own is not None and tokenizes(data_config):

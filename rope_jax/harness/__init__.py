@@ -3,7 +3,8 @@
   checks      resolve(config): filled from rope_jax.defaults, every rule checked, frozen
   optim       schedules and optimisers (one registry each)
   steps       the state pytree, the pure train and eval steps
-  setup       build(config) -> Setup (mesh, shardings, jitted steps); evaluate; dry_run
+  setup       build(config) -> Setup (mesh, shardings, jitted steps); train_iterator;
+              evaluate; dry_run
   feed        batches onto devices: placement, prefetch thread, abstract batches
   loop        train_and_evaluate(config, workdir): the training loop
   evaluate    evaluate_checkpoint / generate_text from a workdir
@@ -29,7 +30,15 @@ from rope_jax.harness.evaluate import evaluate_checkpoint, generate_text
 from rope_jax.harness.feed import Prefetch, abstract_batch, put_batch
 from rope_jax.harness.loop import NonFiniteLoss, print_dry_run, train_and_evaluate
 from rope_jax.harness.optim import OPTIMIZERS, SCHEDULES, make_optimizer
-from rope_jax.harness.setup import Setup, build, bytes_per_device, dry_run, evaluate, num_elements
+from rope_jax.harness.setup import (
+    Setup,
+    build,
+    bytes_per_device,
+    dry_run,
+    evaluate,
+    num_elements,
+    train_iterator,
+)
 from rope_jax.harness.steps import create_model, init_state, make_eval_step, make_train_step
 
 __all__ = [
@@ -58,4 +67,5 @@ __all__ = [
     "resolve",
     "settle_vocab",
     "train_and_evaluate",
+    "train_iterator",
 ]

@@ -122,13 +122,7 @@ def _train(config, workdir, stop, fallback, allow_config_change, sources):
     hostmem.check_train(run, config)  # on CPU: a run that cannot fit is refused, not killed
     runfiles.check_tokenizer(workdir, data.kind(config.data).tokenizer())
     changes = resume.check_resume(workdir, config, allow_change=allow_config_change)
-    train_iter = data.make_train_iterator(
-        config.data,
-        seed=config.seed,
-        batch_size=config.data.global_batch_size // jax.process_count(),
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-    )
+    train_iter = setup.train_iterator(config)
     evaluate.check_splits(config, [config.data.eval_split, *config.eval.splits])
     evals.check(config, config.eval.tasks, lengths=[config.data.seq_len],
                 examples=config.eval.examples)  # fmt: skip

@@ -2,8 +2,8 @@
 
 `build(config)` resolves the config (`harness.checks.resolve`), then makes the mesh, the
 optimiser, the abstract sharded state and the jitted steps, allocating nothing;
-`evaluate` scores parameters on a held-out split; `dry_run` sizes a config without
-allocating it.
+`train_iterator` is the run's training data; `evaluate` scores parameters on a held-out
+split; `dry_run` sizes a config without allocating it.
 """
 
 from __future__ import annotations
@@ -71,6 +71,18 @@ def build(config, *, vocab_from_data: bool = True) -> Setup:
     )
     return Setup(mesh, rules, tx, graphdef, init_fn, abstract, shardings, batch_sharding,
                  train_step, eval_step, task_names)  # fmt: skip
+
+
+def train_iterator(config):
+    """The training batches of a run: `data.make_train_iterator` seeded by `config.seed`,
+    this process's rows of each global batch of `data.global_batch_size`."""
+    return data.make_train_iterator(
+        config.data,
+        seed=config.seed,
+        batch_size=config.data.global_batch_size // jax.process_count(),
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
 
 
 def evaluate(run: Setup, params, config, *, split: str, seq_len: int | None = None,
