@@ -19,25 +19,26 @@ import time
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "benchmarks")]
 
-import gpu_stages  # noqa: E402
+import gpu_kernels  # noqa: E402
+import gpu_rung  # noqa: E402
 
-SHAPE = dict(gpu_stages.RUNG_SHAPE, num_layers=4, embed_dim=256, num_heads=4, num_kv_heads=2,
+SHAPE = dict(gpu_rung.RUNG_SHAPE, num_layers=4, embed_dim=256, num_heads=4, num_kv_heads=2,
              mlp_dim=768, seq_len=128, batch=8)  # fmt: skip
 
 
 def rung_rows(threads: bool) -> float:
-    configs = {r: gpu_stages._rung_config(SHAPE, r, 8000, 100, "xla") for r in ("qk", "vo")}
+    configs = {r: gpu_rung.rung_config(SHAPE, r, 8000, 100, "xla") for r in ("qk", "vo")}
     if threads:
-        return _timed(lambda: gpu_stages._compile_rows(configs))
-    return _timed(lambda: [gpu_stages._compile_rows({r: c}) for r, c in configs.items()])
+        return _timed(lambda: gpu_rung.compile_rows(configs))
+    return _timed(lambda: [gpu_rung.compile_rows({r: c}) for r, c in configs.items()])
 
 
 def kernel_cases(threads: bool) -> float:
     args = [("separate", s, ["dot_product", "chunked"], ("float32", "bfloat16"), True)
             for s in ("qk", "vo")]  # fmt: skip
     if not threads:
-        return _timed(lambda: [gpu_stages._loss_and_grads_all(*a) for a in args])
-    workers = [threading.Thread(target=gpu_stages._loss_and_grads_all, args=a) for a in args]
+        return _timed(lambda: [gpu_kernels._loss_and_grads_all(*a) for a in args])
+    workers = [threading.Thread(target=gpu_kernels._loss_and_grads_all, args=a) for a in args]
     return _timed(lambda: ([w.start() for w in workers], [w.join() for w in workers]))
 
 

@@ -16,7 +16,8 @@ OUT/validation.npy.xz and OUT/validation_bytes.npy.xz (the UTF-8 bytes of each
 validation token, for bits per byte), each an .npy file in xz (LZMA) compression (the
 8k-BPE stream of `linux8k` packs to a sixth or less of its two bytes a token), and
 OUT/meta.json (the dataset, its preparing command, the vocabulary, the counts, the
-sizes). Everything a GPU call carries (this folder, the
+sizes): the format of `rope_jax.data.carried`, which reads it as any run's data
+(`data.name=OUT`). Everything a GPU call carries (this folder, the
 repository's tracked files and any wheels folder named by --also) must stay under
 LIMIT_MIB: over it, nothing is written and the one-line error says by how much.
 """
@@ -24,9 +25,7 @@ LIMIT_MIB: over it, nothing is written and the one-line error says by how much.
 from __future__ import annotations
 
 import argparse
-import io
 import json
-import lzma
 import os
 import subprocess
 import sys
@@ -88,23 +87,10 @@ def read_split(path: str, split: str, limit: int | None = None,
     return np.concatenate(tokens), np.concatenate(nbytes), slices
 
 
-def dump(array: np.ndarray) -> bytes:
-    """The .npy file of `array`, xz-compressed."""
-    buf = io.BytesIO()
-    np.save(buf, array)
-    return lzma.compress(buf.getvalue(), preset=6)
-
-
-def load(path: str) -> np.ndarray:
-    """An array `dump` wrote (PATH.npy.xz), or a plain PATH.npy."""
-    if os.path.isfile(path + ".npy"):
-        return np.load(path + ".npy", mmap_mode="r")
-    with open(path + ".npy.xz", "rb") as f:
-        return np.load(io.BytesIO(lzma.decompress(f.read())))
-
-
 def pack(dataset: str, out: str, *, train_tokens: int, also: list[str], slices: int = 1,
          validation_tokens: int | None = None, validation_slices: int = 1) -> dict:  # fmt: skip
+    from rope_jax.data.carried import dump
+
     dataset = os.path.abspath(os.path.expanduser(dataset))
     with open(os.path.join(dataset, "metadata.json")) as f:
         meta = json.load(f)

@@ -64,7 +64,7 @@ def _step1b_order(m: dict) -> int:
     recorded) its place in STEP1B_SETTINGS, the order the stage tries them in."""
     if "order" in m:
         return m["order"]
-    from gpu_stages import STEP1B_SETTINGS
+    from gpu_step1b import STEP1B_SETTINGS
 
     return STEP1B_SETTINGS.index(m["setting"]) if m.get("setting") in STEP1B_SETTINGS else 99
 
@@ -143,6 +143,28 @@ def _rung_timing(timing: dict | None) -> str:
             f"(wall) and measured {timing['step_s'] * 1e3:.1f} ms a step.")  # fmt: skip
 
 
+def _harness_rows(rows: dict) -> bool:
+    """Whether the rows were trained and scored through the harness (`"path": "harness"`,
+    `benchmarks/gpu_rung.py`); rows without it were made by the rung's earlier code."""
+    return bool(rows) and all(m.get("path") == "harness" for m in rows.values())
+
+
+def _rung_data_order(rows: dict) -> str:
+    if _harness_rows(rows):
+        return ("each step's batch from train.py's training iterator (windows of the carried "
+                "tokens, shuffled by the seed).")  # fmt: skip
+    return "each step's windows drawn at random from the carried tokens (the earlier code)."
+
+
+def _rung_held_out(r: dict) -> str:
+    if _harness_rows(r.get("rows", {})):
+        return (f"the harness's `loss` task at T, 2T and 4T, {r.get('eval_batches')} batches "
+                f"of {r.get('eval_batch_size')} validation windows at each length, spread "
+                "evenly over the carried validation tokens.")  # fmt: skip
+    return (f"{r.get('eval_windows')} validation windows of T tokens, and as many tokens in "
+            "windows of 2T and 4T (the earlier code's own loop).")  # fmt: skip
+
+
 def _rung(r: dict) -> list[str]:
     if not r or "steps" not in r:
         return ["Not run."]
@@ -157,18 +179,18 @@ def _rung(r: dict) -> list[str]:
         f"training tokens carried in {d.get('slices', 1)} slices spread over its "
         f"{_f(d.get('train_tokens_in_dataset'))}; prepared by "
         f"`{provenance.portable(str(d.get('prepared_by')))}`); "
-        "each step's windows drawn at random from the carried tokens. Model: "
+        + _rung_data_order(rows)
+        + " Model: "
         f"L{s.get('num_layers')} D{s.get('embed_dim')} N{s.get('num_heads')} "
         f"K{s.get('num_kv_heads')} H{s.get('head_dim')} F{s.get('mlp_dim')}, "
         f"{_f(r.get('params'))} parameters ({_f(r.get('block_params'))} in the blocks' "
         f"matmuls), bf16, attention `{r.get('impl')}`; T = {s.get('seq_len')}, "
         f"B = {s.get('batch')}, {r['steps']} steps = {_f(r.get('tokens_per_run'))} tokens "
         f"per row; {'seed 0' if r.get('more_seeds') else 'one seed'}, the same data order "
-        "for every row. Held-out: "
-        f"{r.get('eval_windows')} validation windows of T tokens, and as many tokens in "
-        "windows of 2T and 4T. 'Training windows': the final parameters scored on as many "
-        "windows of the training tokens through the same evaluation program (far above the "
-        "last training losses: an evaluation fault; near them: poor generalisation); every "
+        "for every row. Held-out: " + _rung_held_out(r) + " 'Training windows': the final "
+        "parameters scored on as many windows of the training tokens through the same "
+        "evaluation (far above the last training losses: an evaluation fault; near them: "
+        "poor generalisation); every "
         "step's loss and gradient norm are in rung.json (step_loss, step_grad_norm), and "
         "each layer's largest attention logit at 100 steps spread over the run (max_logit)."
         + _rung_timing(r.get("timing")),

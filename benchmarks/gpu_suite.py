@@ -5,7 +5,7 @@
   python -m benchmarks.gpu_suite --out runs/gpu --report                # re-render the page
   python -m benchmarks.gpu_suite --out /tmp/smoke --smoke               # tiny, on a CPU
 
-Stages (in this order; `benchmarks/gpu_stages.py` holds them):
+Stages (in this order; `benchmarks/gpu_stages.py` names them, each in its own module):
 
   check    devices, versions, cuDNN, the dense matmul ceiling (bf16 and f32) measured.
   kernels  every attention impl equal to `xla` in loss and gradients, bf16 and f32, over
@@ -18,9 +18,11 @@ Stages (in this order; `benchmarks/gpu_stages.py` holds them):
            half of it (MaxText, Megatron-LM; `rope_jax.harness.flops`), the full count
            against the ceiling measured by `check`, peak device memory.
   rung     the nine-row rotation-site ablation on a travelling corpus
-           (`benchmarks/gpu_data.py` makes it): every row's program compiled at once in
-           parallel threads, then the rows trained one after another, `--rung_tokens`
-           each (100M by default). A rung longer than one call goes on in the next:
+           (`benchmarks/gpu_data.py` makes it), trained and scored through train.py's
+           own path (`benchmarks/gpu_rung.py`: its build, train step, data iterator and
+           `loss` task): every row's programs compiled at once in parallel threads,
+           then the rows trained one after another, `--rung_tokens` each (100M by
+           default). A rung longer than one call goes on in the next:
            the same OUT, or `--resume_from` the folder where a call's files were kept.
            `--rung_seed K --rung_rows qkvo,vo` trains those rows again at seed K (init
            and data order) beside the table, as its measure of the seed noise;
@@ -172,12 +174,13 @@ def _run_stage(args, stage: str, deadline: float) -> int:
 
 
 def _child(args) -> None:
+    import gpu_common
     import gpu_stages
 
     out, stage = args.out, args.child
     result = load(out, stage)
     result.pop("stopped_for_time", None)  # says what the last call did, not an earlier one
-    ctx = gpu_stages.Context(out=out, smoke=args.smoke, deadline=args.deadline, data=args.data,
+    ctx = gpu_common.Context(out=out, smoke=args.smoke, deadline=args.deadline, data=args.data,
                              result=result, save=lambda: save(out, stage, result),
                              load=lambda name: load(out, name),
                              rung_tokens=int(args.rung_tokens), rung_seed=args.rung_seed,
@@ -203,9 +206,9 @@ def main(argv=None) -> None:
     rows = rung_spec(args.rung_rows)
     if args.rung_seed < 0:
         raise SystemExit(f"gpu_suite: --rung_seed={args.rung_seed} must be >= 0")
-    import gpu_stages
+    import gpu_rung
 
-    variant = gpu_stages.rung_variant(args.rung_variant)[0]
+    variant = gpu_rung.rung_variant(args.rung_variant)[0]
     # the stage files go there as each finishes: it must take them (made once stages start)
     existing = bench_child.nearest_existing(args.out)
     if not os.path.isdir(existing):
@@ -213,9 +216,9 @@ def main(argv=None) -> None:
     if args.resume_from:
         resume_from(args.resume_from, args.out)
     rung = load(args.out, "rung")
-    rung_left = gpu_stages.rung_todo(rung, args.smoke, args.rung_seed, rows, variant)
+    rung_left = gpu_rung.rung_todo(rung, args.smoke, args.rung_seed, rows, variant)
     if "rung" in todo and rung_left and not args.report:  # before anything runs
-        problem = gpu_stages.rung_problem(rung, args.out, args.data, int(args.rung_tokens),
+        problem = gpu_rung.rung_problem(rung, args.out, args.data, int(args.rung_tokens),
                                           args.smoke)  # fmt: skip
         if problem:
             raise SystemExit(problem)
@@ -224,7 +227,7 @@ def main(argv=None) -> None:
         start = time.time()
         end = start + args.budget_s
         for i, stage in enumerate(todo):
-            pending = (gpu_stages.rung_todo(load(args.out, stage), args.smoke, args.rung_seed, rows,
+            pending = (gpu_rung.rung_todo(load(args.out, stage), args.smoke, args.rung_seed, rows,
                                             variant)
                        if stage == "rung" else not load(args.out, stage).get("done"))  # fmt: skip
             if not pending:

@@ -13,9 +13,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import gpu_data  # noqa: E402
+import gpu_kernels  # noqa: E402
 import gpu_report  # noqa: E402
-import gpu_stages  # noqa: E402
+import gpu_rung  # noqa: E402
 import gpu_suite  # noqa: E402
+
+from rope_jax.data import carried  # noqa: E402
 
 
 def _suite(*args, timeout=600):
@@ -43,8 +46,8 @@ def corpus(tmp_path_factory):
 
 def test_pack_writes_the_splits_and_counts_bytes(corpus):
     out, info = corpus
-    train = gpu_data.load(str(out / "train"))
-    val, val_bytes = (gpu_data.load(str(out / n)) for n in ("validation", "validation_bytes"))
+    train = carried.load(str(out / "train"))
+    val, val_bytes = (carried.load(str(out / n)) for n in ("validation", "validation_bytes"))
     assert train.dtype == np.uint16 and train.size == info["train_tokens"] == 5000
     assert val.size == val_bytes.size == info["validation_tokens"] > 0
     assert info["validation_bytes"] == int(np.sum(val < 256))  # bytes: all but EOS are 1 byte
@@ -62,7 +65,7 @@ def test_pack_takes_slices_spread_over_the_whole_split(corpus, tmp_path):
     whole = shards.TokenSplit(dataset, "train")
     stream = whole.read(0, len(whole))["tokens"]
     info = gpu_data.pack(dataset, str(tmp_path / "p"), train_tokens=2000, also=[], slices=4)
-    train = gpu_data.load(str(tmp_path / "p" / "train"))
+    train = carried.load(str(tmp_path / "p" / "train"))
     assert info["train_tokens"] == train.size == 2000 + 3 and info["slices"] == 4
     parts = np.split(train, [500, 501, 1001, 1002, 1502, 1503])[::2]
     assert all(train[i] == whole.eos_id for i in (500, 1001, 1502))
@@ -203,7 +206,7 @@ def test_a_rung_trains_rows_again_at_another_seed_beside_its_table(corpus, tmp_p
 def test_a_rung_keeps_its_length_across_calls(corpus, tmp_path):
     """Rows of different lengths are not one rung: another --rung_tokens is one line."""
     data, _ = corpus
-    row = {"loss": 1.0, "bits_per_byte": 0.5, "train_s": 1.0, "compile_s": 1.0}
+    row = {"loss": 1.0, "bits_per_byte": 0.5, "train_s": 1.0, "compile_s": 1.0, "path": "harness"}
     rung = {"steps": 20, "tokens_per_run": 2560, "rows": {"nope": row}}
     gpu_suite.save(str(tmp_path), "rung", rung)
     proc = _suite("--out", str(tmp_path), "--smoke", "--stage=rung", "--rung_tokens=5120",
@@ -234,8 +237,33 @@ def test_a_rung_keeps_its_length_across_calls(corpus, tmp_path):
     assert not (tmp_path / "new").exists()
 
 
+def test_rows_of_the_earlier_rung_code_take_no_new_rows(corpus, tmp_path):
+    """A rung.json whose rows have no "path" (made before the rung trained through the
+    harness) stays as it is: a call that would add rows to it is one line; one that asks
+    only for rows it has runs nothing."""
+    data, info = corpus
+    row = {"loss": 1.0, "bits_per_byte": 0.5, "train_s": 1.0, "compile_s": 1.0}
+    rung = {"steps": 20, "tokens_per_run": 2560, "rows": {"nope": row, "qkvo": row},
+            "data": info, "shape": gpu_rung.SMOKE_RUNG_SHAPE}  # fmt: skip
+    gpu_suite.save(str(tmp_path), "rung", rung)
+    proc = _suite("--out", str(tmp_path), "--smoke", "--stage=rung", "--rung_seed=1",
+                  "--rung_rows=qk", "--data", str(data), "--budget_s=60")  # fmt: skip
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        f"gpu_suite: {tmp_path}/rung.json holds rows made by the rung's earlier code (2 "
+        'without "path": its own windows and held-out loop); rows trained through the '
+        "harness do not join them: use another --out"
+    ]
+    done = _suite("--out", str(tmp_path), "--smoke", "--stage=rung", "--data", str(data),
+                  "--budget_s=60")  # fmt: skip
+    assert done.returncode == 0 and "rung already done" in done.stdout
+    assert gpu_suite.load(str(tmp_path), "rung") == rung
+    assert gpu_rung.rung_problem(dict(rung, rows={"nope": dict(row, path="harness")}),
+                                 str(tmp_path), str(data), 2560, True) is None  # fmt: skip
+
+
 def test_kernel_items_put_the_common_cases_first():
-    items = gpu_stages.kernel_items(["dot_product", "chunked"], ("float32", "bfloat16"), False)
+    items = gpu_kernels.kernel_items(["dot_product", "chunked"], ("float32", "bfloat16"), False)
     keys = [key for _, key, _ in items]
     assert keys[:2] == ["separate/qk", "separate/qkvo"]
     loss = [k for kind, k, _ in items if kind == "loss" and not k.startswith("segments")]
@@ -262,36 +290,116 @@ def test_bad_stage_budget_or_out_is_one_line(tmp_path):
     assert not (tmp_path / "unused").exists()
 
 
+def _rung_rows(data, seed: int, rows=("nope", "qkvo")) -> dict:
+    """The smoke rung's rows compiled, two steps each, on the packed corpus at `data`."""
+    from configs import lm
+
+    shape = gpu_rung.SMOKE_RUNG_SHAPE
+    configs = {r: gpu_rung.rung_config(shape, lm.ROWS[r], 259, 2, "xla", data=str(data),
+                                       seed=seed) for r in rows}  # fmt: skip
+    return gpu_rung.compile_rows(configs)
+
+
 @pytest.mark.slow
-def test_a_rung_row_trains_and_evaluates_as_the_harness_does(corpus):
-    """The rung's compiled programs give the losses of the harness's own jitted train and
-    eval steps on the same windows (two steps, then held-out at T and 4T)."""
+def test_a_rung_row_trains_on_the_harness_iterators_batches(corpus):
+    """Every rung row's train step sees the batches of the harness's training iterator
+    for the row's seed (train.py's): `pipeline.Windows` over the carried training tokens,
+    in the order of `pipeline.shuffled_batches`; the same for every row."""
+    import jax
+
+    from rope_jax import harness
+    from rope_jax.data import pipeline
+
+    data, _ = corpus
+    rows = _rung_rows(data, seed=3)
+    seen = {}
+    for name, row in rows.items():
+        step = row.run.train_step
+
+        def spy(state, batch, name=name, step=step):
+            seen.setdefault(name, []).append(jax.device_get(batch))
+            return step(state, batch)
+
+        row.run = row.run._replace(train_step=spy)
+        gpu_rung.train_row(row)
+    shape = gpu_rung.SMOKE_RUNG_SHAPE
+    b, t = shape["batch"], shape["seq_len"]
+    tokens = np.asarray(carried.load(str(data / "train")))
+    own = pipeline.shuffled_batches((len(tokens) - 1) // t, pipeline.Windows(tokens, t),
+                                    seed=3, batch_size=b, shard=(0, 1))  # fmt: skip
+    trains = harness.train_iterator(rows["nope"].config)
+    for i in range(2):
+        want, also = next(own), next(trains)
+        for name in rows:
+            assert set(seen[name][i]) == set(want)
+            for key in want:
+                np.testing.assert_array_equal(seen[name][i][key], want[key])
+                np.testing.assert_array_equal(also[key], want[key])
+    other = pipeline.shuffled_batches((len(tokens) - 1) // t, pipeline.Windows(tokens, t),
+                                      seed=4, batch_size=b, shard=(0, 1))  # fmt: skip
+    assert not np.array_equal(next(other)["inputs"], seen["nope"][0]["inputs"])
+
+
+@pytest.mark.slow
+def test_a_rung_row_scores_as_the_harness_loss_task_does(corpus):
+    """A rung row's held-out loss and bits per byte at T and 4T, and its loss on training
+    windows, are the harness's `loss` task's (`evals.score`, with the jitted steps of
+    `harness.build`) on the parameters of the same two training steps from the same
+    init, on the same batches (`harness.train_iterator`)."""
+    import dataclasses
+
     import jax
 
     from rope_jax import harness, sharding
+    from rope_jax.harness import evals
 
     data, _ = corpus
-    meta, train, val = gpu_stages._rung_data(str(data))
-    shape = gpu_stages.SMOKE_RUNG_SHAPE
-    config = gpu_stages._rung_config(shape, "qkvo", meta["vocab_size"], 2, "xla")
-    row = gpu_stages._compile_rows({"qkvo": config})["qkvo"]
-    got = gpu_stages._train_row(row, train, val, seed=3, eval_windows=8)
+    row = _rung_rows(data, seed=3, rows=("qkvo",))["qkvo"]
+    got = gpu_rung.train_row(row)
+    assert got["path"] == "harness"
 
-    b, t = shape["batch"], shape["seq_len"]
+    config = row.config
     run = harness.build(config, vocab_from_data=False)
-    rng = np.random.default_rng(3)
+    batches = harness.train_iterator(config)
     with sharding.use_mesh(run.mesh, run.rules):
         state = jax.jit(run.init_fn, out_shardings=run.shardings)()
         for _ in range(2):
-            batch = gpu_stages._windows(train, rng.integers(0, len(train) - t - 1, b), t)
-            state, m = run.train_step(state, harness.put_batch(batch, run.batch_sharding))
-        for length, windows in ((t, 8), (4 * t, 2)):
-            starts = np.linspace(0, len(val[0]) - length - 1, windows).astype(np.int64)
-            held = gpu_stages._windows(val[0], starts, length, val[1])
-            sums = run.eval_step(state["params"], harness.put_batch(held, run.batch_sharding))
-            loss = float(sums["loss_sum"]) / float(sums["weight_sum"])
-            np.testing.assert_allclose(got["loss_at"][str(length)], loss, rtol=1e-5)
-    np.testing.assert_allclose(got["train_curve"][-1][1], float(m["loss"]), rtol=1e-6)
+            state, m = run.train_step(state, harness.put_batch(next(batches), run.batch_sharding))
+    np.testing.assert_allclose(got["step_loss"][-1], float(m["loss"]), rtol=1e-6)
+    ctx = evals.Context(run, state["params"], config, split="validation",
+                        num_batches=config.eval.num_batches)  # fmt: skip
+    t = config.data.seq_len
+    for length in (t, 4 * t):
+        want = evals.score(ctx, ("loss",), length)
+        np.testing.assert_allclose(got["loss_at"][str(length)], want["loss"], rtol=1e-5)
+        np.testing.assert_allclose(got["bits_per_byte_at"][str(length)], want["bits_per_byte"],
+                                   rtol=1e-5)  # fmt: skip
+        assert got["eval_tokens_at"][str(length)] == want["tokens"] > 0
+    on_train = evals.score(dataclasses.replace(ctx, split="train"), ("loss",), t)
+    np.testing.assert_allclose(got["train_windows_loss"], on_train["loss"], rtol=1e-5)
+    assert "bits_per_byte" not in on_train  # no bytes carried for the training tokens
+
+
+def test_a_carried_corpus_is_a_runs_data(corpus):
+    """`data.name` naming a packed folder is a carried corpus: its vocabulary, training
+    windows from the training ids, evaluation windows with the carried bytes."""
+    from rope_jax import data as data_lib
+
+    folder, info = corpus
+    config = gpu_rung.rung_config(gpu_rung.SMOKE_RUNG_SHAPE, "qk", 259, 2, "xla",
+                                  data=str(folder))  # fmt: skip
+    kind = data_lib.kind(config.data)
+    assert kind.name == "carried" and kind.vocab_size == info["vocab_size"] == 259
+    val, val_bytes = (carried.load(str(folder / n)) for n in ("validation", "validation_bytes"))
+    batch = next(iter(data_lib.make_eval_iterator(config.data, split="validation",
+                                                  batch_size=2, seq_len=8)))  # fmt: skip
+    np.testing.assert_array_equal(batch["targets"][0], val[1:9])
+    np.testing.assert_array_equal(batch["target_bytes"][1], val_bytes[9:17])
+    train = next(iter(data_lib.make_eval_iterator(config.data, split="train", batch_size=2,
+                                                  seq_len=8)))  # fmt: skip
+    assert not train["target_bytes"].any()  # not carried: no bits per byte
+    with pytest.raises(ValueError, match="carried corpus"):
+        kind.tokenizer()
 
 
 def test_resume_from_starts_out_from_an_earlier_calls_files(tmp_path, capsys):
@@ -318,11 +426,12 @@ def test_rows_compile_one_by_one_when_threads_fail(corpus, monkeypatch, capsys):
             raise RuntimeError("no threads here")
 
     monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", Broken)
-    shape = gpu_stages.SMOKE_RUNG_SHAPE
-    configs = {r: gpu_stages._rung_config(shape, r, 259, 2, "xla") for r in ("", "qk")}
-    rows = gpu_stages._compile_rows(configs)
+    shape = gpu_rung.SMOKE_RUNG_SHAPE
+    configs = {r: gpu_rung.rung_config(shape, r, 259, 2, "xla") for r in ("", "qk")}
+    rows = gpu_rung.compile_rows(configs)
     assert "compiling one row at a time" in capsys.readouterr().out
-    assert set(rows) == {"", "qk"} and all(r.train and len(r.evals) == 3 for r in rows.values())
+    assert set(rows) == {"", "qk"} and all(r.compile_s > 0 for r in rows.values())
+    assert all(hasattr(r.run.train_step, "cost_analysis") for r in rows.values())  # compiled
 
 
 def test_step1b_table_is_in_run_order_with_both_mfus_and_each_settings_memory():
