@@ -19,7 +19,6 @@ last tokens: cwe with items of words that appear once, fwe with more dots.
 from __future__ import annotations
 
 import numpy as np
-from scipy import special
 
 from rope_jax.ruler import prompt, words
 
@@ -144,7 +143,11 @@ def cwe_pad(request, fresh: list[str], start: int, size: int) -> list[np.ndarray
 
 
 def zipf_counts(n: int, vocab_size: int, alpha: float) -> np.ndarray:
-    """RULER's word counts int [vocab_size]: int(n k^-alpha / zeta(alpha)), k = 1, 2, ..."""
+    """RULER's word counts int [vocab_size]: int(n k^-alpha / zeta(alpha)), k = 1, 2, ...
+    (scipy is imported here, not with the module: it costs every train.py and eval.py
+    start a third of a second, and only fwe needs it)."""
+    from scipy import special
+
     k = np.arange(1, vocab_size + 1, dtype=np.float64)
     return (n * k**-alpha / special.zeta(alpha)).astype(np.int64)
 
