@@ -60,15 +60,24 @@ def test_training_windows_hold_examples_with_weighted_answers_fixed_by_seed_and_
     rows = np.flatnonzero((weights == 10.0).any(axis=1))
     assert 2 <= len(rows) <= 14  # rate 0.5 of 16 rows
     tok = tokenizers.ByteTokenizer()
+    ends = []
     for b in rows:
         answer = first["targets"][b][weights[b] == 10.0]
-        # the answer targets are the window's last tokens and hold the example's values
-        assert np.flatnonzero(weights[b] == 10.0)[-1] == weights.shape[1] - 1
+        # the answer targets end the example and hold its values; an EOS follows, then
+        # text, unless the example fills the window
+        end = np.flatnonzero(weights[b] == 10.0)[-1]
+        assert np.all(weights[b][np.flatnonzero(weights[b] == 10.0)[0] : end + 1] == 10.0)
+        ends.append(end)
         text = tok.decode(answer.tolist())
-        prompt = tok.decode(first["inputs"][b].tolist())
+        prompt = tok.decode(first["inputs"][b][: end + 1].tolist())
         values = re.findall(r"[A-Za-z0-9-]+", text)
         assert values and all(v in prompt for v in values)
-        assert not np.isin(first["inputs"][b], [tok.pad_id, tok.eos_id, tok.bos_id]).any()
+        specials = np.isin(first["inputs"][b], [tok.pad_id, tok.eos_id, tok.bos_id])
+        assert not specials[: end + 1].any()
+        if end < weights.shape[1] - 1:
+            assert first["targets"][b][end + 1] == tok.eos_id and specials.sum() == 1
+    # the answers land at many places, the window's end not the only one
+    assert len(set(ends)) >= len(rows) // 2 and min(ends) < weights.shape[1] - 1
     plain = np.setdiff1d(np.arange(16), rows)
     assert set(np.unique(weights[plain])) <= {1.0}
 
@@ -81,8 +90,24 @@ def test_a_mix_row_equals_the_generator_training_window():
     out, answer = mix.insert(window, np.stack([text, text]), np.array([11, 12]))
     rng = np.random.default_rng([7, 11, synthetic.SALT])
     rng.random(), rng.integers(1)
-    ids, mask = ruler.training_window("vt", length=256, index=0, seed=int(rng.integers(2**31)),
+    size = int(rng.integers(128, 257))
+    ids, mask = ruler.training_window("vt", length=size, index=0, seed=int(rng.integers(2**31)),
                                       tokenizer=tok, haystack=text, template="short")  # fmt: skip
-    np.testing.assert_array_equal(out[0], ids)
-    np.testing.assert_array_equal(answer[0], mask)
+    n = size + 1
+    np.testing.assert_array_equal(out[0, :n], ids)
+    np.testing.assert_array_equal(answer[0, :n], mask)
+    assert not answer[0, n:].any()
+    if n < 257:  # an EOS, then the row's own text (zeros here)
+        assert out[0, n] == tok.eos_id and not out[0, n + 1 :].any()
     assert not np.array_equal(out[0], out[1])
+
+
+def test_an_example_that_does_not_fit_its_drawn_size_takes_the_whole_window():
+    tok = tokenizers.ByteTokenizer()
+    text = np.asarray(tok.encode("Some text. " * 100), np.int32)
+    kw = dict(seed=3, tokenizer=tok, haystack=text, template="short")
+    ids, mask = synthetic.example("niah_single_1", 40, 256, **kw)
+    whole = ruler.training_window("niah_single_1", length=256, index=0, **kw)
+    np.testing.assert_array_equal(ids, whole[0])
+    np.testing.assert_array_equal(mask, whole[1])
+    assert len(synthetic.example("niah_single_1", 200, 256, **kw)[0]) == 201

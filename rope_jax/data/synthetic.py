@@ -11,9 +11,15 @@ Row b of a training batch becomes an example with probability `synthetic_rate`, 
 task chosen evenly, fixed by (seed, window index) like passkey windows (`data.passkey`),
 so resumed runs and every process see the same batches. Its haystack is the training
 split's own text (the window and the one after it, special ids removed); the evaluation
-draws its haystacks from the held-out split. The example fills the whole window:
-prompt, then the answer (`ruler.training_window`), whose targets weigh
-`synthetic_weight` in the loss (the prompt's weigh 1: plain language modelling).
+draws its haystacks from the held-out split. The example is the window's first
+S + 1 tokens, S drawn evenly from [T/2, T] (T where the task does not fit in S): prompt,
+then the answer (`ruler.training_window`), whose targets weigh `synthetic_weight` in
+the loss (the prompt's weigh 1: plain language modelling); an EOS and the row's own
+text fill the rest. So the answer lands at every place, the evaluation's among them (a
+prompt of T minus the answer budget, then the answer): were every example the whole
+window, every answer would sit on its last tokens, and a small model learns that
+place. (The `tiny` preset trained so on niah_single_1 answered 0.97 of examples whole
+with the answer at the window's end and 0.00 from the evaluation's shorter prompt.)
 
 Everything here is host NumPy over token ids.
 """
@@ -93,8 +99,23 @@ class Mix:
                 continue
             task = self.tasks[int(rng.integers(len(self.tasks)))]
             haystack = text[b][~np.isin(text[b], special)]
-            out[b], answer[b] = ruler.training_window(
-                task, length=length, index=0, seed=int(rng.integers(2**31)),
-                tokenizer=self.tokenizer, haystack=haystack, template=self.template,
-            )  # fmt: skip
+            size = int(rng.integers(length // 2, length + 1))
+            ids, marks = example(task, size, length, seed=int(rng.integers(2**31)),
+                                 tokenizer=self.tokenizer, haystack=haystack,
+                                 template=self.template)  # fmt: skip
+            n = len(ids)  # the example's tokens, then EOS and the row's own text
+            out[b, :n], answer[b, :n] = ids, marks
+            if n < length + 1:
+                out[b, n] = self.tokenizer.eos_id
+                out[b, n + 1 :] = window[b, : length - n]
         return out, answer
+
+
+def example(task: str, size: int, length: int, **kwargs) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, answer) of a training example `size` tokens long (`ruler.training_window`,
+    size + 1 ids), or `length` long where the task's template and needles do not fit in
+    `size`."""
+    try:
+        return ruler.training_window(task, length=size, index=0, **kwargs)
+    except ValueError:
+        return ruler.training_window(task, length=length, index=0, **kwargs)
