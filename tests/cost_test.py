@@ -30,6 +30,28 @@ def test_tiny_flops_match_a_hand_count():
     assert flops.total_flops(config) == 2_951_424 * 1_024_000
 
 
+def test_local_layers_count_the_keys_their_masks_keep():
+    config = lm.get_config("size=tiny")  # N 4, H 32, T 128
+    a = config.model.attention
+    config.model.num_layers = 4
+    a.layer_types, a.window, a.chunk = ("sliding", "full", "chunked", "full"), 32, 48
+    # full square: 2 * 32 - 32^2 / 128 = 56, 128, (2 * 48^2 + 32^2) / 128 = 44, 128 -> 356
+    assert flops.attention_flops_per_token(config.model, 128) == 12 * 4 * 32 * 356
+    # causal: 32 - 32^2 / 256 = 28, 64, 44 / 2 = 22, 64 -> 178
+    assert flops.attention_flops_per_token(config.model, 128, causal=True) == 12 * 4 * 32 * 178
+    # the causal area is the count of the kept (query, key) pairs to within half the
+    # diagonal (a triangle's area, T^2 / 2, against its T (T + 1) / 2 cells)
+    for kind, size in (("sliding", 32), ("chunked", 48), ("full", 128)):
+        t = 128
+        q, k = [i for i in range(t) for _ in range(t)], [j for _ in range(t) for j in range(t)]
+        kept = sum(1 for i, j in zip(q, k, strict=True) if j <= i and (
+            kind == "full" or (kind == "sliding" and i - j < size)
+            or (kind == "chunked" and i // size == j // size)))  # fmt: skip
+        got = flops.keys_per_query(kind, size, t, causal=True) * t
+        assert kept - t / 2 <= got <= kept
+        assert flops.keys_per_query(kind, size, t) == 2 * got / t  # the full-square count
+
+
 def test_1b_flops_match_a_hand_count():
     config = lm.get_config("size=1b")  # L 16, D 2048, N 32, K 8, H 64, F 8192, T 2048
     # per layer: q 2048*32*64 = 4,194,304, o 4,194,304, k + v 2*2048*8*64 = 2,097,152,

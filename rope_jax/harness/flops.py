@@ -12,8 +12,12 @@ and for the weights). The attention term is q.k^T and probs.v, 2 * 2 * T * N * H
 token and layer forward, times 3: over the full T x T square (`causal=False`, the
 default), or over half of it (`causal=True`: the T^2 / 2 that a causal kernel needs, as
 MaxText and Megatron count it; not T (T + 1) / 2). The same measured step is a lower MFU
-under the causal count. Softmax, norms, rotations and the optimiser are not counted;
-sliding-window layers (`model.attention.window`) are counted as full ones.
+under the causal count. Softmax, norms, rotations and the optimiser are not counted.
+A local layer (`nn.sliding`) counts the keys its mask keeps, T in each term above becoming
+its keys per query, under each convention twice the causal count as for a full layer:
+a sliding window W, 2W - W^2 / T (the band |t - s| < W of the square) or W - W^2 / (2T)
+(its half under the diagonal); chunks of C, C or C / 2 (T a whole number of chunks; the
+last chunk's share otherwise). Both reach T and T / 2 at W = C = T.
 MFU = model FLOPs / (devices * peak * seconds); rematerialisation does not change the
 model FLOPs, only the hardware FLOPs (`remat_flops_per_token`), reported separately.
 
@@ -28,7 +32,7 @@ from __future__ import annotations
 import math
 
 from rope_jax import learned
-from rope_jax.nn import model
+from rope_jax.nn import model, sliding
 
 
 def block_matmul_params(model_cfg) -> int:
@@ -87,11 +91,30 @@ CONVENTIONS = {
 
 
 def attention_flops_per_token(model_cfg, seq_len: int, *, causal: bool = False) -> int:
-    """q.k^T and probs.v, forward + backward: 12 * L * T * N * H over the full T x T
-    square, or half of it, 6 * L * T * N * H, with `causal`."""
+    """q.k^T and probs.v, forward + backward: 12 * N * H * (keys per query), summed over
+    the layers: 12 * L * T * N * H over the full T x T square, or half of it, 6 * L * T
+    * N * H, with `causal`, when every layer is full (`keys_per_query`)."""
     m = model_cfg
-    full = 12 * m.num_layers * seq_len * m.num_heads * m.head_dim
-    return full // 2 if causal else full
+    types = sliding.layer_types(m.attention, m.num_layers)  # checked, whatever the length
+    sizes = {"full": seq_len, "sliding": m.attention.window, "chunked": m.attention.chunk}
+    keys = sum(keys_per_query(t, sizes[t], seq_len, causal=causal) for t in types)
+    return round(12 * m.num_heads * m.head_dim * keys)
+
+
+def keys_per_query(kind: str, size: int, seq_len: int, *, causal: bool = False) -> float:
+    """The keys a query of a `kind` layer ("full", "sliding" with window `size`, "chunked"
+    with chunk `size`) attends to, averaged over T = `seq_len` queries, with `causal`:
+    the area of its causal mask over T, as triangles (T / 2 for a full layer, not
+    (T + 1) / 2); without, twice that (the full-square convention)."""
+    size = min(size, seq_len)
+    if kind == "sliding":
+        half = size - size**2 / (2 * seq_len)
+    elif kind == "chunked":
+        whole, rest = divmod(seq_len, size)
+        half = (whole * size**2 + rest**2) / (2 * seq_len)
+    else:
+        half = seq_len / 2
+    return half if causal else 2 * half
 
 
 def flops_per_token(config, *, causal: bool = False) -> int:
