@@ -164,25 +164,14 @@ class Carried(Text):
 
     def train_iterator(self, *, seed, batch_size, shard):
         """Shuffled full windows of the carried training ids, a new permutation per epoch."""
-        seq_len, source = int(self.config.seq_len), self._source(self.config.train_split)
-        num_windows = (len(source) - 1) // seq_len
-        if num_windows < 1:
-            raise sources.DataSourceError(
-                f"the train split of {self.path} has {len(source)} tokens, fewer than "
-                f"data.seq_len + 1 = {seq_len + 1}"
-            )
-        windows = pipeline.Windows(source, seq_len, shard, packing_mode=packing.mode(self.config))
-        return pipeline.shuffled_batches(num_windows, windows, seed=seed, batch_size=batch_size,
-                                         shard=shard)  # fmt: skip
+        return pipeline.stream_train_iterator(
+            self.config, self._source(self.config.train_split), self.path, seed=seed,
+            batch_size=batch_size, shard=shard,
+        )  # fmt: skip
 
-    def _eval_batches(self, *, split, batch_size, seq_len, num_batches, shard, spread):
+    def _eval_batches(self, *, split, **kw):
         """Every window of a carried split once, in order, with each target's bytes."""
-        source = self._source(split)
-        windows = pipeline.Windows(source, seq_len, shard, packing_mode=packing.mode(self.config),
-                                   target_bytes=True)  # fmt: skip
-        return pipeline.ordered_batches(pipeline.num_eval_windows(len(source), seq_len), windows,
-                                        batch_size=batch_size, shard=shard,
-                                        num_batches=num_batches, spread=spread)  # fmt: skip
+        return pipeline.stream_eval_iterator(self.config, self._source(split), **kw)
 
 
 class Multimodal:

@@ -120,17 +120,25 @@ class Windows:
 
 def text_train_iterator(data_config, *, seed: int, batch_size: int, shard: tuple[int, int]):
     """Training windows of a text corpus, shuffled per epoch, forever (see module doc)."""
-    seq_len = int(data_config.seq_len)
     tokens = sources.token_stream(data_config, data_config.train_split)
-    num_windows = (len(tokens) - 1) // seq_len
+    return stream_train_iterator(data_config, TokenArray(tokens), sources.describe(data_config),
+                                 seed=seed, batch_size=batch_size, shard=shard)  # fmt: skip
+
+
+def stream_train_iterator(data_config, source: TokenArray, what: str, *, seed: int,
+                          batch_size: int, shard: tuple[int, int]):  # fmt: skip
+    """Training windows of a token stream held in memory (`source`; `what` names it in
+    the error), with the config's passkey and RULER examples, shuffled per epoch, forever."""
+    seq_len = int(data_config.seq_len)
+    num_windows = (len(source) - 1) // seq_len
     if num_windows < 1:
         raise sources.DataSourceError(
-            f"the train split of {sources.describe(data_config)} has {len(tokens)} tokens, "
+            f"the train split of {what} has {len(source)} tokens, "
             f"fewer than data.seq_len + 1 = {seq_len + 1}"
         )
     mix = synthetic.Mix.of(data_config, seed=seed, tokenizer=tokenizers.ByteTokenizer(),
-                           text=tokens[: 4 * seq_len + 4])  # fmt: skip
-    windows = Windows(tokens, seq_len, shard, packing_mode=packing.mode(data_config),
+                           text=source.tokens[: 4 * seq_len + 4])  # fmt: skip
+    windows = Windows(source, seq_len, shard, packing_mode=packing.mode(data_config),
                       passkey=(passkey.rate(data_config), seed, passkey.weight(data_config)),
                       synthetic=mix)  # fmt: skip
     return shuffled_batches(num_windows, windows, seed=seed, batch_size=batch_size, shard=shard)
@@ -180,9 +188,18 @@ def text_eval_iterator(data_config, *, split: str, batch_size: int, seq_len: int
                        num_batches: int | None, shard: tuple[int, int],
                        spread: bool = False):  # fmt: skip
     """Every window of a text split once, in order, padded to whole batches."""
-    tokens = sources.token_stream(data_config, split)
-    windows = Windows(tokens, seq_len, shard, packing_mode=packing.mode(data_config),
+    return stream_eval_iterator(data_config, TokenArray(sources.token_stream(data_config, split)),
+                                batch_size=batch_size, seq_len=seq_len, num_batches=num_batches,
+                                shard=shard, spread=spread)  # fmt: skip
+
+
+def stream_eval_iterator(data_config, source: TokenArray, *, batch_size: int, seq_len: int,
+                         num_batches: int | None, shard: tuple[int, int],
+                         spread: bool = False):  # fmt: skip
+    """Every window of a token stream held in memory once, in order, padded to whole
+    batches, with each target's bytes."""
+    windows = Windows(source, seq_len, shard, packing_mode=packing.mode(data_config),
                       target_bytes=True)  # fmt: skip
-    return ordered_batches(num_eval_windows(len(tokens), seq_len), windows,
+    return ordered_batches(num_eval_windows(len(source), seq_len), windows,
                            batch_size=batch_size, shard=shard, num_batches=num_batches,
                            spread=spread)  # fmt: skip
