@@ -36,6 +36,7 @@ an entry point can import it before anything slow.
 
 from __future__ import annotations
 
+import _thread
 import os
 import signal
 import sys
@@ -118,16 +119,13 @@ def _record(sig, frame) -> None:
 def _deliver_dropped_again(previous):
     """Outside `Interrupts` and `StopAtOnce` (whose own hook comes first), a signal that
     `_record` raised where Python drops it is delivered again, from a thread: it lands
-    at a later point of the main thread (or is dropped and delivered again). It is sent
-    as a signal to the main thread, not raised there (`_thread.interrupt_main`), so it
-    also ends a blocking call the main thread is in (a sleep, a wait on a child)."""
+    at a later point of the main thread (or is dropped and delivered again)."""
 
     def hook(unraisable) -> None:
         if not (_early and isinstance(unraisable.exc_value, KeyboardInterrupt)):
             return previous(unraisable)
         sig = _early.pop()  # `_record` appends it again when it lands
-        main = threading.main_thread().ident
-        again = threading.Timer(0.05, signal.pthread_kill, (main, sig))  # once this hook returned
+        again = threading.Timer(0.05, _thread.interrupt_main, (sig,))  # once this hook returned
         again.daemon = True
         again.start()
 
