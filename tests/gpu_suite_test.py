@@ -18,7 +18,10 @@ import gpu_report  # noqa: E402
 import gpu_rung  # noqa: E402
 import gpu_suite  # noqa: E402
 
+from rope_jax import data as data_lib  # noqa: E402
 from rope_jax.data import carried  # noqa: E402
+from rope_jax.harness import evals  # noqa: E402
+from rope_jax.harness.evals import common  # noqa: E402
 
 
 def _suite(*args, timeout=600):
@@ -351,7 +354,6 @@ def test_a_rung_row_scores_as_the_harness_loss_task_does(corpus):
     import jax
 
     from rope_jax import harness, sharding
-    from rope_jax.harness import evals
 
     data, _ = corpus
     row = _rung_rows(data, seed=3, rows=("qkvo",))["qkvo"]
@@ -383,8 +385,6 @@ def test_a_rung_row_scores_as_the_harness_loss_task_does(corpus):
 def test_a_carried_corpus_is_a_runs_data(corpus):
     """`data.name` naming a packed folder is a carried corpus: its vocabulary, training
     windows from the training ids, evaluation windows with the carried bytes."""
-    from rope_jax import data as data_lib
-
     folder, info = corpus
     config = gpu_rung.rung_config(gpu_rung.SMOKE_RUNG_SHAPE, "qk", 259, 2, "xla",
                                   data=str(folder))  # fmt: skip
@@ -400,6 +400,11 @@ def test_a_carried_corpus_is_a_runs_data(corpus):
     assert not train["target_bytes"].any()  # not carried: no bits per byte
     with pytest.raises(ValueError, match="carried corpus"):
         kind.tokenizer()
+    for task in ("passkey", "niah_single_1"):  # made from text: refused in one line
+        with pytest.raises(ValueError, match=r"^[^\n]*(byte-level text|carried corpus)[^\n]*$"):
+            evals.check(config, [task], lengths=[8], examples=1)
+    with pytest.raises(ValueError, match=r"is carried data: token ids without their tokenizer"):
+        common.text_stream(config.data, "validation")
 
 
 def test_resume_from_starts_out_from_an_earlier_calls_files(tmp_path, capsys):

@@ -98,12 +98,26 @@ def test_the_dry_run_says_whether_the_run_fits_this_host(data_dir, capsys):
     assert hostmem.dry_run_line(huge).endswith(": does not fit")
 
 
-def test_a_continuation_whose_cache_cannot_fit_is_one_line(data_dir):
-    run, config = _run(data_dir)
+@pytest.mark.parametrize("layers", [None, ("sliding", "full"), ("chunked", "sliding")])
+def test_the_cache_bound_is_what_decoding_allocates(data_dir, layers):
+    """Sliding and chunked layers hold a ring of W or C slots, not the whole continuation:
+    counted as full, a continuation that fits would be refused."""
+    sets = {"model.num_layers": 2, "model.attention.layer_types": layers} if layers else {}
+    if layers and "sliding" in layers:
+        sets["model.attention.window"] = 8
+    if layers and "chunked" in layers:
+        sets["model.attention.chunk"] = 16
+    run, config = _run(data_dir, **sets)
     needs = hostmem.generate_needs(run, config, 3, 10**8)
     net = model.Decoder(config.model, rngs=nnx.Rngs(0))
     cache = jax.eval_shape(lambda: net.init_cache(1, 3 + 10**8))  # what decoding allocates
-    assert needs["cache"] <= sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache))
+    assert needs["cache"] == sum(
+        x.size * x.dtype.itemsize for x in jax.tree.leaves(cache) if x.ndim
+    )
+
+
+def test_a_continuation_whose_cache_cannot_fit_is_one_line(data_dir):
+    run, config = _run(data_dir)
     hostmem.check_generate(run, config, 3, 200, free=GIB)
     with pytest.raises(ValueError, match=r"^generating 100000000 tokens needs at least .*"
                                          r"cache .*: ask for fewer --max_new_tokens$"):  # fmt: skip

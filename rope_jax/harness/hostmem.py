@@ -13,7 +13,8 @@ before anything is allocated, from a lower bound of what it must hold at once:
   scores      [B, heads, T, T] float32 of one layer, where attention materialises them
               (`model.attention.impl` xla, or dot_product, which is XLA's on a CPU)
   batch       inputs, targets (int32) and weights (float32) on the host
-  cache       when decoding, every layer's keys and values of prompt + new tokens
+  cache       when decoding, every layer's keys and values of prompt + new tokens (a
+              sliding or chunked layer's ring of W or C slots)
 
 Everything else a step holds only adds to it, so a refusal is certain; a run that passes
 can still need more (`train.py --dry_run` gives XLA's figure). Free memory is
@@ -75,7 +76,7 @@ def generate_needs(run, config, prompt_len: int, max_new_tokens: int) -> dict[st
     length = prompt_len + max_new_tokens
     return {
         "state": _state(run),
-        "cache": model_lib.kv_cache_bytes_per_token(config.model) * length,  # init_cache's
+        "cache": model_lib.kv_cache_bytes(config.model, length),  # init_cache's
     }
 
 

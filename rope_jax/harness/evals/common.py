@@ -61,7 +61,7 @@ class Context:
 def text_stream(data_config, split: str, max_tokens: int | None = None) -> np.ndarray:
     """Token ids of `split`'s documents, each followed by EOS (at most `max_tokens` of
     them): the held-out text that example-based tasks draw from. Raw byte-level text and
-    prepared corpora have one; multimodal data has none (ValueError)."""
+    prepared corpora have one; multimodal and carried data have none (ValueError)."""
     kind = data.kind(data_config)
     if kind.name == "text":
         stream = sources.token_stream(data_config, split)
@@ -70,7 +70,9 @@ def text_stream(data_config, split: str, max_tokens: int | None = None) -> np.nd
         tokens = prepared.open_split(kind.path, split)
         stop = len(tokens) if max_tokens is None else min(len(tokens), max_tokens)
         return tokens.read(0, stop)["tokens"]
-    raise ValueError(
-        f"data {data_config.name!r} is {kind.name} data: its tasks are its own questions, not "
-        "text retrieval (use a text corpus for passkey and the RULER tasks)"
-    )
+    why = {
+        "carried": "token ids without their tokenizer, and these tasks are written as text "
+        "(use the prepared dataset it was packed from)",
+    }.get(kind.name, "its tasks are its own questions, not text retrieval (use a text corpus)")
+    raise ValueError(f"data {data_config.name!r} is {kind.name} data: {why}; passkey and the "
+                     "RULER tasks need held-out text")  # fmt: skip
