@@ -647,7 +647,7 @@ def test_a_ctrl_c_while_the_command_starts_is_held_then_acted_on(capsys):
         signals.release_signals()  # acted on once
         with pytest.raises(KeyboardInterrupt):
             Finalized()  # dropped in its __del__: delivered again, so raised in here
-            time.sleep(10)
+            time.sleep(1)  # where it lands: after the sleep (the next bytecode boundary)
         signals._early.append(signal.SIGINT)  # one recorded, not yet acted on
         with pytest.raises(signals.Interrupted) as raised, signals.StopAtOnce():
             pass
@@ -695,7 +695,7 @@ def test_a_ctrl_c_dropped_where_it_landed_is_delivered_again_and_stops_the_comma
     code = ("import time; from rope_jax import signals; signals.hold_signals(); "
             "signals.release_signals()\n"
             "class Finalized:\n    def __del__(self): signals._record(2, None)\n"
-            "Finalized(); print('dropped', flush=True); time.sleep(30); print('on')")  # fmt: skip
+            "Finalized(); print('dropped', flush=True); time.sleep(2); print('on')")  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)  # fmt: skip
     assert (proc.returncode, proc.stdout, proc.stderr) == (
