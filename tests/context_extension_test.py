@@ -9,7 +9,7 @@ import pytest
 
 from rope_jax import provenance
 from rope_jax.experiments import context_extension as ce
-from rope_jax.experiments import plan
+from rope_jax.experiments import plan, report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ("model.num_layers=1,model.embed_dim=32,model.num_heads=2,model.num_kv_heads=1,"
@@ -193,3 +193,46 @@ def test_a_task_added_to_a_finished_experiment_evaluates_its_runs_again(tmp_path
     both = {"8": {**entry, "vt": 0.5}, "16": {**entry, "vt": 0.0}}
     (tmp_path / "eval_4_none.json").write_text(json.dumps(both))
     assert ce._done(case, {**meta, "tasks": ["vt"]})
+
+
+def _niah_result() -> dict:
+    """Rows a, b, c at T = 10, two seeds each, as trained under `none` (and a fine-tuned a):
+    a's seed 0 learned the task, seed 1 did not; b learned it in both; c in neither."""
+    niah = {("a", 0): [1.0, 0.6], ("a", 1): [0.1, 0.0], ("b", 0): [0.95, 0.9],
+            ("b", 1): [0.9, 0.5], ("c", 0): [0.0, 0.0], ("c", 1): [0.2, 0.0]}  # fmt: skip
+    loss = {"a": [1.0, 2.0], "b": [1.1, 1.5], "c": [1.2, 1.4]}
+    runs = [{"row": row, "seed": seed, "rule": "none", "finetuned": False,
+             "loss": dict(zip((10, 20), [v + 0.01 * seed for v in loss[row]], strict=True)),
+             "niah": dict(zip((10, 20), scores, strict=True))}
+            for (row, seed), scores in niah.items()]  # fmt: skip
+    runs += [{**r, "finetuned": True, "niah": {10: 0.5, 20: 0.5}} for r in runs if r["row"] == "a"]
+    cells = []
+    for row, finetuned in (("a", False), ("b", False), ("c", False), ("a", True)):
+        mine = [r for r in runs if (r["row"], r["finetuned"]) == (row, finetuned)]
+        cells.append({"row": row, "rule": "none", "finetuned": finetuned, "seeds": len(mine),
+                      "digits": {}, "passkey": {},
+                      **{m: {str(n): list(report.mean_std([r[m][n] for r in mine]))
+                             for n in (10, 20)} for m in ("loss", "niah")}})  # fmt: skip
+    return {"train_len": 10, "lengths": [10, 20], "runs": runs, "cells": cells,
+            "tasks": ["niah"]}  # fmt: skip
+
+
+def test_retrieval_is_read_in_the_runs_that_learned_it_and_against_the_loss_order():
+    result = _niah_result()
+    assert [ce.learned_seeds(result, "niah", row) for row in "abc"] == [[0], [0, 1], []]
+    cells = {(c["row"], c["finetuned"]): c for c in ce.learned_cells(result, "niah")}
+    assert cells["a", False]["niah"] == {"10": [1.0, None], "20": [0.6, None]}  # seed 0 only
+    assert cells["a", True]["learned"] == 1 and cells["a", True]["niah"]["20"] == [0.5, None]
+    assert cells["b", False]["niah"]["20"] == pytest.approx([0.7, 0.2828], abs=1e-4)
+    assert cells["c", False]["learned"] == 0 and cells["c", False]["niah"] == {}
+    # At 20: the loss orders c > b > a (c best), beyond the noise; b's score (0.7 +- 0.28)
+    # beats c's (0.0 +- 0.0), a's (0.3 +- 0.42) ties with both.
+    pairs = ce.order_pairs(result, "niah", 20)
+    assert pairs["opposite"] == ["c > b"] and pairs["alike"] == []
+    assert sorted(pairs["tied"]) == ["b > a", "c > a"]
+    page = ce.render_markdown({**result, "settings": {}, "sets": {}, "rows": list("abc"),
+                               "rules": ["none"], "finetune_steps": 1, "finetune_len": 40,
+                               "finetune_lr": 1e-3, "factor": 4.0, "num_batches": 1,
+                               "passkey_examples": 0, "seeds": 2, "examples": 2})  # fmt: skip
+    assert "Runs that learned it, per row: a 1 of 2, b 2 of 2, c 0 of 2." in page
+    assert "- at 20: ordered alike none; oppositely (by loss first) c > b; 2 pair(s) tied" in page

@@ -55,6 +55,7 @@ MULTIPLES = (1, 2, 4, 8)  # evaluation lengths, in units of T
 FINETUNE_MULTIPLE = 4  # fine-tuning length, in units of T
 # Per length: held-out loss; passkey digits right (chance 0.1); passkey keys right.
 METRICS = ("loss", "digits", "passkey")
+LEARNED_AT = 0.9  # a run has learned a RULER task: its score at T, as trained, at least this
 
 
 def rule_scaling(rule: str, factor: float, train_len: int) -> dict | None:
@@ -411,9 +412,89 @@ def render_markdown(result: dict, command: str = "") -> str:
         lines += ["", f"RULER's `{task}` ({result['examples']} examples per length, greedy "
                   "answers, string_match_all):", ""]  # fmt: skip
         lines += _table(result, (task,), (task,))
+    for task in result.get("tasks", ()):
+        lines += _learned_section(result, task)
     lines += ["", "## The published claims at this scale", ""]
     lines += [f"- {v}" for v in verdicts(result)]
     return "\n".join(lines) + "\n"
+
+
+def learned_seeds(result: dict, task: str, row: str) -> list[int]:
+    """The seeds of `row` whose base run, as trained, scores >= LEARNED_AT on `task` at T:
+    a small model learns retrieval suddenly or not at all, so a mean over seeds mixes
+    runs that retrieve with runs that never did."""
+    t = str(result["train_len"])
+    return [r["seed"] for r in result["runs"]
+            if (r["row"], r["rule"], r["finetuned"]) == (row, "none", False)
+            and r[task].get(int(t), r[task].get(t, 0.0)) >= LEARNED_AT]  # fmt: skip
+
+
+def learned_cells(result: dict, task: str) -> list[dict]:
+    """Per (row, rule, fine-tuned): `task`'s mean ± std at each length over the runs of
+    `learned_seeds` only, and how many of the row's seeds those are."""
+    out = []
+    for c in result["cells"]:
+        seeds = learned_seeds(result, task, c["row"])
+        runs = [r for r in result["runs"] if (r["row"], r["rule"], r["finetuned"]) ==
+                (c["row"], c["rule"], c["finetuned"]) and r["seed"] in seeds]  # fmt: skip
+        scores = {}
+        for n in result["lengths"]:
+            values = [r[task].get(n, r[task].get(str(n))) for r in runs]
+            if values and None not in values:
+                scores[str(n)] = _mean_std(values)
+        out.append({"row": c["row"], "rule": c["rule"], "finetuned": c["finetuned"],
+                    "learned": len(seeds), "seeds": c["seeds"], task: scores})  # fmt: skip
+    return out
+
+
+def order_pairs(result: dict, task: str, length: int) -> dict[str, list[str]]:
+    """Pairs of rows (as trained, no rule) as the held-out loss and `task`'s score at
+    `length` order them, each told apart only by more than the seed noise (over every
+    seed): {"alike": [...], "opposite": [...], "tied": [...]} of "a > b" (a the better by
+    loss, or by score where the loss ties)."""
+    cells = {c["row"]: c for c in result["cells"] if (c["rule"], c["finetuned"]) == ("none", False)}
+    rows, out = list(cells), {"alike": [], "opposite": [], "tied": []}
+    for i, a in enumerate(rows):
+        for b in rows[i + 1 :]:
+            by_loss = _compare(cells[a]["loss"].get(str(length)), cells[b]["loss"].get(str(length)))
+            by_task = _compare(cells[a][task].get(str(length)), cells[b][task].get(str(length)))
+            if "n/a" in (by_loss, by_task):
+                continue
+            a_better = by_loss == "lower" if by_loss != "tied" else by_task == "higher"
+            pair = f"{a} > {b}" if a_better else f"{b} > {a}"
+            if "tied" in (by_loss, by_task):
+                out["tied"].append(pair)
+            else:  # a lower loss is better, a higher score is better
+                out["alike" if by_loss != by_task else "opposite"].append(pair)
+    return out
+
+
+def _learned_section(result: dict, task: str) -> list[str]:
+    t, lengths = result["train_len"], result["lengths"]
+    counts = {c["row"]: (c["learned"], c["seeds"]) for c in learned_cells(result, task)
+              if (c["rule"], c["finetuned"]) == ("none", False)}  # fmt: skip
+    lines = ["", f"## `{task}` in the runs that learned it", "",
+             f"A run has learned the task when its base model, as trained, scores >= "
+             f"{LEARNED_AT} at T = {t}. Runs that learned it, per row: "
+             + ", ".join(f"{row} {k} of {n}" for row, (k, n) in counts.items())
+             + ". Mean ± std over those runs only (one run: no spread; none: -):", ""]  # fmt: skip
+    head = [f"{task} @{n}" for n in lengths]
+    lines += ["| row | rule | fine-tuned | runs | " + " | ".join(head) + " |",
+              "|---|---|---|---|" + "---|" * len(head)]  # fmt: skip
+    for c in learned_cells(result, task):
+        values = [_fmt(c[task].get(str(n)), 2) for n in lengths]
+        tuned = "yes" if c["finetuned"] else "no"
+        lines.append(f"| {c['row']} | {c['rule']} | {tuned} | {c['learned']} | "
+                     + " | ".join(values) + " |")  # fmt: skip
+    lines += ["", f"Pairs of rows as the held-out loss and `{task}` order them (as trained, no "
+              "rule, every seed; a pair is ordered when the two means differ by more than the "
+              "seed noise):", ""]  # fmt: skip
+    for n in lengths:
+        pairs = order_pairs(result, task, n)
+        lines.append(f"- at {n}: ordered alike {', '.join(pairs['alike']) or 'none'}; "
+                     f"oppositely (by loss first) {', '.join(pairs['opposite']) or 'none'}; "
+                     f"{len(pairs['tied'])} pair(s) tied by one or both")  # fmt: skip
+    return lines
 
 
 def _table(result: dict, metrics, names) -> list[str]:
@@ -494,22 +575,30 @@ def verdicts(result: dict) -> list[str]:
 
 
 def plot(result: dict, path: str) -> None:
-    """Loss and passkey accuracy against length: qk under every rule, the other rows as
-    trained (`none`); left as trained, right fine-tuned."""
+    """Loss and passkey accuracy (without passkey examples: the first RULER task's score
+    in the runs that learned it, `learned_cells`) against length: qk under every rule, the
+    other rows as trained (`none`); left as trained, right fine-tuned."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
-    lengths = result["lengths"]
+    lengths, tasks = result["lengths"], result.get("tasks") or ()
+    retrieval = tasks[0] if tasks and not result.get("passkey_examples") else "digits"
+    learned = (
+        {}
+        if retrieval == "digits"
+        else {(c["row"], c["rule"], c["finetuned"]): c for c in learned_cells(result, retrieval)}
+    )
     lines = [("qk", r) for r in result["rules"]] + [
         (row, "none") for row in result["rows"] if row != "qk"]  # fmt: skip
     for col, finetuned in enumerate((False, True)):
-        for row_i, metric in enumerate(("loss", "digits")):
+        for row_i, metric in enumerate(("loss", retrieval)):
             ax = axes[row_i][col]
             for row, rule in lines:
-                cell = _cell(result, row, rule, finetuned)
+                cell = learned.get((row, rule, finetuned)) if metric == retrieval else None
+                cell = cell or _cell(result, row, rule, finetuned)
                 if cell is None or not cell[metric]:
                     continue
                 xs = [n for n in lengths if str(n) in cell[metric]]
@@ -525,7 +614,9 @@ def plot(result: dict, path: str) -> None:
                 ax.axhline(0.1, color="black", lw=0.6, ls=":")  # chance
             if finetuned:
                 ax.axvline(result["finetune_len"], color="grey", lw=0.8, ls=":")
-            what = "held-out loss (nats/token)" if metric == "loss" else "passkey digits right"
+            what = {"loss": "held-out loss (nats/token)", "digits": "passkey digits right"}.get(
+                metric, f"{metric}, runs that learned it"
+            )
             when = f"fine-tuned at {result['finetune_len']}" if finetuned else "as trained"
             ax.set_title(f"{what}, {when}")
             ax.set_xlabel("evaluation length")
