@@ -217,7 +217,7 @@ def _niah_result() -> dict:
             "tasks": ["niah"]}  # fmt: skip
 
 
-def test_retrieval_is_read_in_the_runs_that_learned_it_and_against_the_loss_order():
+def test_retrieval_is_read_in_the_runs_that_learned_it_and_against_the_loss_order(tmp_path):
     result = _niah_result()
     assert [ce.learned_seeds(result, "niah", row) for row in "abc"] == [[0], [0, 1], []]
     cells = {(c["row"], c["finetuned"]): c for c in ce.learned_cells(result, "niah")}
@@ -230,9 +230,11 @@ def test_retrieval_is_read_in_the_runs_that_learned_it_and_against_the_loss_orde
     pairs = ce.order_pairs(result, "niah", 20)
     assert pairs["opposite"] == ["c > b"] and pairs["alike"] == []
     assert sorted(pairs["tied"]) == ["b > a", "c > a"]
-    page = ce.render_markdown({**result, "settings": {}, "sets": {}, "rows": list("abc"),
-                               "rules": ["none"], "finetune_steps": 1, "finetune_len": 40,
-                               "finetune_lr": 1e-3, "factor": 4.0, "num_batches": 1,
-                               "passkey_examples": 0, "seeds": 2, "examples": 2})  # fmt: skip
+    result.update(settings={}, sets={}, rows=list("abc"), rules=["none"], finetune_steps=1,
+                  finetune_len=40, finetune_lr=1e-3, factor=4.0, num_batches=1,
+                  passkey_examples=0, seeds=2, examples=2)  # fmt: skip
+    page = ce.render_markdown(result)
     assert "Runs that learned it, per row: a 1 of 2, b 2 of 2, c 0 of 2." in page
     assert "- at 20: ordered alike none; oppositely (by loss first) c > b; 2 pair(s) tied" in page
+    ce.plot(result, str(tmp_path / "page.png"))  # the retrieval panels: niah, no passkey
+    assert (tmp_path / "page.png").stat().st_size > 10_000
