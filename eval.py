@@ -85,6 +85,12 @@ def define_flags():
     flags.DEFINE_string("out", None, "Run the task suite into this directory (results.json, "
                         "examples/, results.md, heatmap.png); resumable.")  # fmt: skip
     flags.DEFINE_string("split", None, "Data split; default config.data.eval_split.")
+    flags.DEFINE_integer(
+        "answer_tokens",
+        None,
+        "With --out: the example tasks' answer budget in tokens; default eval.answer_tokens "
+        "(0 = each task's own).",
+    )
     flags.DEFINE_string(
         "data", None, "Another dataset (data.name) with the run's tokenizer; use with --tag."
     )
@@ -168,9 +174,11 @@ def main(argv):
 # flags one mode reads and the other would ignore (--rope_scaling and
 # --max_position_embeddings are read by both)
 EVALUATION_ONLY = ("seq_lens", "lengths", "split", "splits", "num_batches", "tag", "overwrite",
-                   "data", "data_dir", "passkey", "tasks", "examples", "out")  # fmt: skip
+                   "data", "data_dir", "passkey", "tasks", "examples", "out",
+                   "answer_tokens")  # fmt: skip
 GENERATION_ONLY = ("prompt", "max_new_tokens", "temperature", "seed")
 SUITE_UNREAD = ("splits", "tag")  # the suite scores tasks at lengths, into --out
+SUITE_ONLY = ("answer_tokens",)  # eval_<step>.json takes the run's eval.answer_tokens
 
 
 def check_modes() -> None:
@@ -179,6 +187,8 @@ def check_modes() -> None:
     wrong = GENERATION_ONLY if not FLAGS.generate else EVALUATION_ONLY
     if FLAGS.out and not FLAGS.generate:
         wrong = (*wrong, *SUITE_UNREAD)
+    elif not FLAGS.generate:
+        wrong = (*wrong, *SUITE_ONLY)
     given = [name for name in wrong if FLAGS[name].present]
     if given:
         mode = ("--generate" if FLAGS.generate else "the suite (--out)" if FLAGS.out
@@ -230,7 +240,8 @@ def _run(progress, rope_scaling):
                   step=FLAGS.step, split=FLAGS.split, num_batches=FLAGS.num_batches,
                   fallback=FLAGS.fallback, overwrite=FLAGS.overwrite, rope_scaling=rope_scaling,
                   max_position_embeddings=FLAGS.max_position_embeddings, data_name=FLAGS.data,
-                  data_dir=FLAGS.data_dir, progress=progress)  # fmt: skip
+                  data_dir=FLAGS.data_dir, answer_tokens=FLAGS.answer_tokens,
+                  progress=progress)  # fmt: skip
         if jax.process_index() == 0:
             console.note("wrote " + " and ".join(suite_page.write(FLAGS.out)))
         return

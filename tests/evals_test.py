@@ -185,7 +185,9 @@ def trained(data_dir, tmp_path_factory):
 @pytest.mark.slow
 def test_the_suite_scores_ruler_tasks_into_cells_and_resumes(trained, tmp_path):
     out = str(tmp_path / "suite")
-    results = suite.run(trained, out, tasks=("niah_single_1", "vt"), lengths=[256, 320], examples=3)
+    # the run's budget (12) cannot hold vt's five names: the suite is asked for 29
+    results = suite.run(trained, out, tasks=("niah_single_1", "vt"), lengths=[256, 320],
+                        examples=3, answer_tokens=29)  # fmt: skip
     cells = results["cells"]
     assert set(cells) == {"niah_single_1", "vt"} and set(cells["vt"]) == {"256", "320"}
     for task, length in (("niah_single_1", 256), ("vt", 320)):
@@ -199,7 +201,7 @@ def test_the_suite_scores_ruler_tasks_into_cells_and_resumes(trained, tmp_path):
         assert chars == pytest.approx(np.mean([r["chars"] for r in rows]))
         for r in rows:
             assert r["score"] == ruler.score_one(task, r["prediction"], r["answers"])
-            assert len(r["input"].encode()) == length - 12  # bytes: the prompt, exactly
+            assert len(r["input"].encode()) == length - 29  # bytes: the prompt, exactly
     depths = [
         json.loads(x)["depths"][0] for x in open(suite.examples_path(out, "niah_single_1", 256))
     ]
@@ -208,7 +210,8 @@ def test_the_suite_scores_ruler_tasks_into_cells_and_resumes(trained, tmp_path):
     assert saved["cells"] == json.loads(json.dumps(cells)) and saved["step"] == 4
     # a rerun computes nothing; an added length only its cells
     before = os.path.getmtime(suite.examples_path(out, "vt", 256))
-    suite.run(trained, out, tasks=("niah_single_1", "vt"), lengths=[256, 320], examples=3)
+    suite.run(trained, out, tasks=("niah_single_1", "vt"), lengths=[256, 320], examples=3,
+              answer_tokens=29)  # fmt: skip
     assert os.path.getmtime(suite.examples_path(out, "vt", 256)) == before
     md, png = suite_page.write(out)
     table = open(md).read()
@@ -220,10 +223,13 @@ def test_the_suite_scores_ruler_tasks_into_cells_and_resumes(trained, tmp_path):
 def test_eval_py_runs_the_suite_and_refuses_bad_tasks_in_one_line(trained, tmp_path):
     out = str(tmp_path / "cli")
     cmd = [sys.executable, "eval.py", f"--workdir={trained}", "--tasks=niah_single_2",
-           "--lengths=256", "--examples=2", f"--out={out}"]  # fmt: skip
+           "--lengths=256", "--examples=2", f"--out={out}", "--answer_tokens=20"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.load(open(os.path.join(out, suite.RESULTS)))["cells"]["niah_single_2"]["256"]
+    results = json.load(open(os.path.join(out, suite.RESULTS)))
+    assert results["cells"]["niah_single_2"]["256"] and results["settings"]["answer_tokens"] == 20
+    example = json.loads(open(suite.examples_path(out, "niah_single_2", 256)).readline())
+    assert len(example["input"].encode()) == 256 - 20
     assert os.path.exists(os.path.join(out, "results.md"))
     for flags, message in (
         (
@@ -233,11 +239,19 @@ def test_eval_py_runs_the_suite_and_refuses_bad_tasks_in_one_line(trained, tmp_p
         (["--tasks=niah_multiquery", "--lengths=256"], "niah_multiquery: length 256 is too short"),
         (["--tasks=vt", "--examples=0"], "--examples"),
         (["--tasks=vt", "--tag=x"], "--tag is not read by the suite"),
+        (["--tasks=vt", "--lengths=256"], "vt: its answers alone"),  # the run's budget, 12
+        (["--tasks=vt", "--answer_tokens=-1"], "--answer_tokens"),
     ):
         cmd = [sys.executable, "eval.py", f"--workdir={trained}", f"--out={out}2", *flags]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    cmd = [sys.executable, "eval.py", f"--workdir={trained}", "--answer_tokens=20"]  # no --out
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert (proc.returncode, proc.stderr) == (
+        2,
+        "error: --answer_tokens is not read by an evaluation (without --generate)\n",
+    )
 
 
 @pytest.mark.slow

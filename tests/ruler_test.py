@@ -416,6 +416,20 @@ def test_too_short_names_the_shortest_length_that_fits(task):
         ruler.make_example(task, length=need - 1, index=0, seed=0, tokenizer=tok)
 
 
+def test_an_answer_budget_that_cannot_hold_the_answers_is_one_line():
+    """vt's five names, one space apart, take 29 bytes: a budget of 16 caps every score at
+    2 of 5 names (0.4), so it is refused; its own budget (30) and 29 hold them."""
+    tok = tokenizers.from_spec("bytes")
+    with pytest.raises(ValueError, match=r"^vt: its answers alone \('[A-Z]{5}( [A-Z]{5}){4}'\) "
+                       r"take 29 tokens in tokenizer bytes, more than the asked "
+                       r"\(eval.answer_tokens\) answer budget of 16: every score would be "
+                       r"capped below 1; give an answer budget of at least 29$"):  # fmt: skip
+        ruler.check("vt", length=400, tokenizer=tok, max_new_tokens=16, template="short")
+    for budget in (None, 29):
+        ruler.check("vt", length=400, tokenizer=tok, max_new_tokens=budget, template="short")
+    ruler.check("niah_single_1", length=400, tokenizer=tok, max_new_tokens=16, template="short")
+
+
 def test_a_tokenizer_that_cannot_spell_the_task_is_named_with_the_character():
     tok = _LettersOnly()
     with pytest.raises(ValueError, match=r"^niah_single_1: tokenizer letters-only cannot encode "

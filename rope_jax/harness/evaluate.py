@@ -225,6 +225,19 @@ def with_data(config, name: str | None = None, data_dir: str | None = None):
     return checks.resolve(config)
 
 
+def with_answer_tokens(config, answer_tokens: int | None = None):
+    """A copy of `config` whose example tasks answer within `answer_tokens` tokens
+    (`eval.answer_tokens`; 0 = each task's own budget); `config` itself for None."""
+    if answer_tokens is None:
+        return config
+    if isinstance(answer_tokens, bool) or not isinstance(answer_tokens, int) or answer_tokens < 0:
+        raise ValueError(f"--answer_tokens={answer_tokens!r} must be a number of tokens >= 0 "
+                         "(0 = each task's own budget)")  # fmt: skip
+    config = defaults.fill(config)  # a full, mutable copy
+    config.eval.answer_tokens = answer_tokens
+    return checks.resolve(config)
+
+
 def parse_seq_lens(values) -> list[int]:
     """`--seq_lens` as positive integers (strings from the command line, or ints); one
     line naming the flag otherwise."""

@@ -31,7 +31,13 @@ import jax
 from rope_jax import data, provenance
 from rope_jax.harness import console, distributed, evals, hostmem, runfiles, setup
 from rope_jax.harness import workdir as workdir_lib
-from rope_jax.harness.evaluate import parse_seq_lens, restore, with_data, with_rope_scaling
+from rope_jax.harness.evaluate import (
+    parse_seq_lens,
+    restore,
+    with_answer_tokens,
+    with_data,
+    with_rope_scaling,
+)
 
 RESULTS = "results.json"
 EXAMPLES = "examples"
@@ -57,13 +63,15 @@ def run(workdir: str, out: str, *, tasks=None, lengths=(), examples: int | None 
         step: int | None = None, split: str | None = None, num_batches: int | None = None,
         fallback: bool = False, overwrite: bool = False, rope_scaling: dict | None = None,
         max_position_embeddings: int | None = None, data_name: str | None = None,
-        data_dir: str | None = None, progress=None) -> dict:  # fmt: skip
+        data_dir: str | None = None, answer_tokens: int | None = None,
+        progress=None) -> dict:  # fmt: skip
     """Scores every (task, length) cell not yet in `out` (see the module doc); returns the
     results file's content. Defaults: `eval.tasks`, the training length and
-    `eval.seq_lens`, `eval.examples`, `data.eval_split`, `eval.num_batches`."""
+    `eval.seq_lens`, `eval.examples`, `data.eval_split`, `eval.num_batches`,
+    `eval.answer_tokens`."""
     config = with_rope_scaling(runfiles.load_config(workdir), rope_scaling,
                                             max_position_embeddings)  # fmt: skip
-    config = with_data(config, data_name, data_dir)
+    config = with_answer_tokens(with_data(config, data_name, data_dir), answer_tokens)
     tasks = evals.parse(config.eval.tasks if tasks is None else tasks)
     lengths = parse_seq_lens(lengths) or [config.data.seq_len, *config.eval.seq_lens]
     examples = config.eval.examples if examples is None else examples

@@ -369,7 +369,7 @@ def check(task: str, *, length: int, tokenizer, num_examples: int = 1, haystack=
                              f"{length} ({length - new} prompt tokens each), not "
                              f"{num_examples}")  # fmt: skip
     for index in range(min(num_examples, 2)):
-        make_example(
+        example = make_example(
             task,
             length=length,
             index=index,
@@ -379,6 +379,24 @@ def check(task: str, *, length: int, tokenizer, num_examples: int = 1, haystack=
             max_new_tokens=max_new_tokens,
             template=template,
         )
+        _check_budget(example, tokenizer, max_new_tokens)
+
+
+def _check_budget(example: Example, tokenizer, max_new_tokens: int | None) -> None:
+    """One ValueError line when the references alone, one space apart (the shortest answer
+    the scorer takes whole, for any model), cannot fit the answer budget: every score
+    would be capped below 1 (vt's five names in bytes take 29 tokens, not 16)."""
+    shortest = " ".join(example.answers)
+    need = len(prompt.encode(tokenizer, shortest))
+    if need <= example.max_new_tokens:
+        return
+    name = getattr(tokenizer, "name", type(tokenizer).__name__)
+    given = "its own" if max_new_tokens is None else "the asked (eval.answer_tokens)"
+    raise ValueError(
+        f"{example.task}: its answers alone ({shortest!r}) take {need} tokens in tokenizer "
+        f"{name}, more than {given} answer budget of {example.max_new_tokens}: every score "
+        f"would be capped below 1; give an answer budget of at least {need}"
+    )
 
 
 def score_one(task: str, prediction: str, answers: Sequence[str]) -> float:
