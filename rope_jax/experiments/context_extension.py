@@ -399,15 +399,22 @@ def render_markdown(result: dict, command: str = "") -> str:
         f"{', '.join(map(str, lengths))} as trained and after {result['finetune_steps']} "
         f"fine-tuning steps at {result['finetune_len']} (lr {result['finetune_lr']}) under the "
         f"same rule. Scaling factor {result['factor']:g} from L0 = T. Loss: held-out "
-        f"nats/token over {result['num_batches']} batches per length. Passkey: "
-        f"{result['passkey_examples']} five-digit keys per length; the share of digits "
-        "retrieved (chance 0.10) and, below, of whole keys (exact match). Mean ± std over "
-        f"{result['seeds']} seed(s).",
+        f"nats/token over {result['num_batches']} batches per length. "
+        + (
+            f"Passkey: {result['passkey_examples']} five-digit keys per length; the share of "
+            "digits retrieved (chance 0.10) and, below, of whole keys (exact match). "
+            if result.get("passkey_examples", 1)
+            else ""
+        )
+        + f"Mean ± std over {result['seeds']} seed(s).",
         "",
     ]
-    lines += _table(result, ("loss", "digits"), ("loss", "passkey digits"))
-    lines += ["", "Whole keys retrieved (exact match):", ""]
-    lines += _table(result, ("passkey",), ("passkey",))
+    if result.get("passkey_examples", 1):
+        lines += _table(result, ("loss", "digits"), ("loss", "passkey digits"))
+        lines += ["", "Whole keys retrieved (exact match):", ""]
+        lines += _table(result, ("passkey",), ("passkey",))
+    else:  # no passkey asked: no empty columns
+        lines += _table(result, ("loss",), ("loss",))
     for task in result.get("tasks", ()):
         lines += ["", f"RULER's `{task}` ({result['examples']} examples per length, greedy "
                   "answers, string_match_all):", ""]  # fmt: skip
