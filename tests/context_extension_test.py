@@ -202,17 +202,18 @@ def _niah_result() -> dict:
             ("b", 1): [0.9, 0.5], ("c", 0): [0.0, 0.0], ("c", 1): [0.2, 0.0]}  # fmt: skip
     loss = {"a": [1.0, 2.0], "b": [1.1, 1.5], "c": [1.2, 1.4]}
     runs = [{"row": row, "seed": seed, "rule": "none", "finetuned": False,
-             "loss": dict(zip((10, 20), [v + 0.01 * seed for v in loss[row]], strict=True)),
-             "niah": dict(zip((10, 20), scores, strict=True))}
+             "loss": dict(zip(("10", "20"), [v + 0.01 * seed for v in loss[row]], strict=True)),
+             "niah": dict(zip(("10", "20"), scores, strict=True))}
             for (row, seed), scores in niah.items()]  # fmt: skip
-    runs += [{**r, "finetuned": True, "niah": {10: 0.5, 20: 0.5}} for r in runs if r["row"] == "a"]
+    tuned = {"10": 0.5, "20": 0.5}
+    runs += [{**r, "finetuned": True, "niah": tuned} for r in runs if r["row"] == "a"]
     cells = []
     for row, finetuned in (("a", False), ("b", False), ("c", False), ("a", True)):
         mine = [r for r in runs if (r["row"], r["finetuned"]) == (row, finetuned)]
         cells.append({"row": row, "rule": "none", "finetuned": finetuned, "seeds": len(mine),
                       "digits": {}, "passkey": {},
-                      **{m: {str(n): list(report.mean_std([r[m][n] for r in mine]))
-                             for n in (10, 20)} for m in ("loss", "niah")}})  # fmt: skip
+                      **{m: {n: list(report.mean_std([r[m][n] for r in mine]))
+                             for n in ("10", "20")} for m in ("loss", "niah")}})  # fmt: skip
     return {"train_len": 10, "lengths": [10, 20], "runs": runs, "cells": cells,
             "tasks": ["niah"]}  # fmt: skip
 

@@ -334,10 +334,11 @@ def _evaluate(case: Case, meta: dict) -> None:
 
 
 def _record(case: Case, tasks=()) -> dict:
+    """The case's numbers per metric, keyed by length as the eval file (and the JSON) is."""
     with open(case.eval_path) as f:
         saved = json.load(f)
-    lengths = sorted(int(k) for k in saved if k.isdigit())
-    pick = lambda key: {n: saved[str(n)][key] for n in lengths if key in saved[str(n)]}  # noqa: E731
+    lengths = sorted((k for k in saved if k.isdigit()), key=int)
+    pick = lambda key: {n: saved[n][key] for n in lengths if key in saved[n]}  # noqa: E731
     return {"loss": pick("loss"), "digits": pick("passkey_digit_accuracy"),
             "passkey": pick("passkey_accuracy"), **{t: pick(t) for t in tasks}}  # fmt: skip
 
@@ -359,9 +360,9 @@ def collect(cases: list[Case], meta: dict) -> dict:
     for (row, rule, finetuned), recs in groups.items():
         cell = {"row": row, "rule": rule, "finetuned": finetuned, "seeds": len(recs)}
         for metric in metrics_of(meta):
-            per_length = {n: [r[metric][n] for r in recs if n in r[metric]]
+            per_length = {str(n): [r[metric][str(n)] for r in recs if str(n) in r[metric]]
                           for n in meta["lengths"]}  # fmt: skip
-            cell[metric] = {str(n): _mean_std(v) for n, v in per_length.items() if v}
+            cell[metric] = {n: _mean_std(v) for n, v in per_length.items() if v}
         cells.append(cell)
     workdirs = list(dict.fromkeys(case.workdir for case in cases))
     return {**meta, "runs": runs, "cells": cells, **report.provenance_of(workdirs)}
@@ -433,7 +434,7 @@ def learned_seeds(result: dict, task: str, row: str) -> list[int]:
     t = str(result["train_len"])
     return [r["seed"] for r in result["runs"]
             if (r["row"], r["rule"], r["finetuned"]) == (row, "none", False)
-            and r[task].get(int(t), r[task].get(t, 0.0)) >= LEARNED_AT]  # fmt: skip
+            and r[task].get(t, 0.0) >= LEARNED_AT]  # fmt: skip
 
 
 def learned_cells(result: dict, task: str) -> list[dict]:
@@ -445,10 +446,10 @@ def learned_cells(result: dict, task: str) -> list[dict]:
         runs = [r for r in result["runs"] if (r["row"], r["rule"], r["finetuned"]) ==
                 (c["row"], c["rule"], c["finetuned"]) and r["seed"] in seeds]  # fmt: skip
         scores = {}
-        for n in result["lengths"]:
-            values = [r[task].get(n, r[task].get(str(n))) for r in runs]
+        for n in map(str, result["lengths"]):
+            values = [r[task].get(n) for r in runs]
             if values and None not in values:
-                scores[str(n)] = _mean_std(values)
+                scores[n] = _mean_std(values)
         out.append({"row": c["row"], "rule": c["rule"], "finetuned": c["finetuned"],
                     "learned": len(seeds), "seeds": c["seeds"], task: scores})  # fmt: skip
     return out
@@ -477,8 +478,8 @@ def order_pairs(result: dict, task: str, length: int) -> dict[str, list[str]]:
 
 
 def _learned_section(result: dict, task: str) -> list[str]:
-    t, lengths = result["train_len"], result["lengths"]
-    counts = {c["row"]: (c["learned"], c["seeds"]) for c in learned_cells(result, task)
+    t, lengths, cells = result["train_len"], result["lengths"], learned_cells(result, task)
+    counts = {c["row"]: (c["learned"], c["seeds"]) for c in cells
               if (c["rule"], c["finetuned"]) == ("none", False)}  # fmt: skip
     lines = ["", f"## `{task}` in the runs that learned it", "",
              f"A run has learned the task when its base model, as trained, scores >= "
@@ -488,7 +489,7 @@ def _learned_section(result: dict, task: str) -> list[str]:
     head = [f"{task} @{n}" for n in lengths]
     lines += ["| row | rule | fine-tuned | runs | " + " | ".join(head) + " |",
               "|---|---|---|---|" + "---|" * len(head)]  # fmt: skip
-    for c in learned_cells(result, task):
+    for c in cells:
         values = [_fmt(c[task].get(str(n)), 2) for n in lengths]
         tuned = "yes" if c["finetuned"] else "no"
         lines.append(f"| {c['row']} | {c['rule']} | {tuned} | {c['learned']} | "

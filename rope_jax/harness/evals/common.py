@@ -70,9 +70,10 @@ def text_stream(data_config, split: str, max_tokens: int | None = None) -> np.nd
         tokens = prepared.open_split(kind.path, split)
         stop = len(tokens) if max_tokens is None else min(len(tokens), max_tokens)
         return tokens.read(0, stop)["tokens"]
-    why = {
-        "carried": "token ids without their tokenizer, and these tasks are written as text "
-        "(use the prepared dataset it was packed from)",
-    }.get(kind.name, "its tasks are its own questions, not text retrieval (use a text corpus)")
+    if kind.name == "carried":
+        why = ("token ids without their tokenizer, and these tasks are written as text (use "
+               "the prepared dataset it was packed from)")  # fmt: skip
+    else:
+        why = "its tasks are its own questions, not text retrieval (use a text corpus)"
     raise ValueError(f"data {data_config.name!r} is {kind.name} data: {why}; passkey and the "
                      "RULER tasks need held-out text")  # fmt: skip
