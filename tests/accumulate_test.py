@@ -61,6 +61,11 @@ RECORD = optax.GradientTransformation(
 )
 
 
+# The tests of the module-scoped `reference` (a built run and its compiled gradient) share
+# one worker, which builds it once.
+REFERENCE_GROUP = pytest.mark.xdist_group("accumulate-reference")
+
+
 @pytest.fixture(scope="module")
 def reference():
     """(run, parameters, batch, k = 1 gradient and metrics) with the z-loss on."""
@@ -122,6 +127,7 @@ def test_bad_arguments_fail_before_anything_is_traced():
         steps.make_train_step(None, None, z_loss=-0.1)
 
 
+@REFERENCE_GROUP
 @pytest.mark.slow  # one compile per case (~8-15 s on 2 busy cores)
 @pytest.mark.parametrize("k", [2, 4])
 def test_microbatches_give_the_full_batch_gradient(reference, k):
@@ -134,6 +140,7 @@ def test_microbatches_give_the_full_batch_gradient(reference, k):
     _assert_close(got_grads, grads, rtol=3e-6)  # measured: 5.7e-7
 
 
+@REFERENCE_GROUP
 @pytest.mark.slow
 def test_through_setup_build_the_new_parameters_are_equal(reference):
     """setup.build passes train.microbatches: one SGD step with k = 2 and k = 1 gives the
@@ -148,13 +155,15 @@ def test_through_setup_build_the_new_parameters_are_equal(reference):
     _assert_close(got, want, rtol=1e-6)
 
 
+@REFERENCE_GROUP
 @pytest.mark.slow
 def test_the_loss_is_the_token_weighted_mean_plus_the_z_term(reference):
     """loss = sum w ce / sum w + Z * sum w logz^2 / sum w over the whole batch, from the
     logits of a plain forward pass; a mean of the k = 4 microbatch means is far from it."""
     run, params, batch, (_, out) = reference
-    net = nnx.merge(run.graphdef, params)
-    logits = np.asarray(net(jnp.asarray(batch["inputs"])), np.float64)
+    forward = nnx.jit(lambda net, inputs: net(inputs))  # one compile, not one per op
+    logits = np.asarray(forward(nnx.merge(run.graphdef, params), jnp.asarray(batch["inputs"])),
+                        np.float64)  # fmt: skip
     logz = np.log(np.exp(logits).sum(-1))
     gold = np.take_along_axis(logits, batch["targets"][..., None], -1)[..., 0]
     w = batch["weights"]

@@ -18,6 +18,10 @@ from flax import nnx
 from rope_jax.nn import attention, kernels
 from rope_jax.nn import model as model_lib
 
+# One worker runs the module: the ops its tests run eagerly (building the same decoders)
+# compile once.
+pytestmark = pytest.mark.xdist_group("attention_impls")
+
 B, T, V = 2, 12, 19
 ALL_SITES = ["".join(c) for r in range(5) for c in itertools.combinations("qkvo", r)]
 VARIANTS = [("separate", s) for s in ALL_SITES] + [("tied", "qkvo")]
@@ -50,17 +54,29 @@ def tokens(seed, t=T):
     return jnp.asarray(np.random.default_rng(seed).integers(0, V, size=(B, t)), jnp.int32)
 
 
-def loss_and_grads(config, tok, **call):
-    """Next-token loss of a fresh (seeded) decoder on `tok`, and its parameter gradients."""
-    model = model_lib.Decoder(config, rngs=nnx.Rngs(0))
-    graphdef, params = nnx.split(model, nnx.Param)
+def decoder_runs(config_of, tok, *, grads=True, prepare=lambda model: model, **call):
+    """{impl: (loss, parameter gradients)} for xla and every impl of IMPLS: each impl's
+    next-token loss on `tok` of a fresh (seeded) decoder, `config_of(impl)`, made ready by
+    `prepare`. One jitted program holds every impl's value_and_grad (each on its own
+    parameters, side by side), so the impls compile once together; `grads=False`: the
+    losses alone (gradients None)."""
+    models = {impl: nnx.split(prepare(model_lib.Decoder(config_of(impl), rngs=nnx.Rngs(0))),
+                              nnx.Param) for impl in ("xla", *IMPLS)}  # fmt: skip
 
-    def loss_fn(p):
-        logits = nnx.merge(graphdef, p)(tok[:, :-1], **call)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, tok[:, 1:]).mean()
+    def run(params):
+        out = {}
+        for impl, (graphdef, _) in models.items():
 
-    loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params)
-    return float(loss), jax.tree.leaves(grads)
+            def loss_fn(p, graphdef=graphdef):
+                logits = nnx.merge(graphdef, p)(tok[:, :-1], **call)
+                return optax.softmax_cross_entropy_with_integer_labels(logits, tok[:, 1:]).mean()
+
+            out[impl] = jax.value_and_grad(loss_fn)(params[impl]) if grads else (
+                loss_fn(params[impl]), None)  # fmt: skip
+        return out
+
+    out = jax.jit(run)({impl: params for impl, (_, params) in models.items()})
+    return {impl: (float(loss), g) for impl, (loss, g) in out.items()}
 
 
 def attention_loss(q, k, v, qpos, kpos, *, kv, sites, impl, dtype):
@@ -87,13 +103,18 @@ def test_loss_and_gradients_equal_xla_for_every_site_subset(kv, sites, dtype):
     q = jnp.asarray(rng.normal(size=(B, T, 4, 8)), jnp.float32)
     k, v = (jnp.asarray(rng.normal(size=(B, T, 2, 8)), jnp.float32) for _ in range(2))
     pos = jnp.asarray(rng.uniform(0, 30, size=(B, T)), jnp.float32)
-    grad = lambda impl: jax.jit(jax.value_and_grad(
-        lambda q, k, v: attention_loss(q, k, v, pos, pos, kv=kv, sites=sites, impl=impl,
-                                       dtype=dtype), argnums=(0, 1, 2)))(q, k, v)  # fmt: skip
-    ref_loss, ref_grads = grad("xla")
+    loss = lambda impl: lambda q, k, v: attention_loss(q, k, v, pos, pos, kv=kv, sites=sites,
+                                                       impl=impl, dtype=dtype)  # fmt: skip
+
+    def losses_and_grads(q, k, v):  # one program, each impl side by side: one compile
+        return {impl: jax.value_and_grad(loss(impl), argnums=(0, 1, 2))(q, k, v)
+                for impl in ("xla", *IMPLS)}  # fmt: skip
+
+    results = jax.jit(losses_and_grads)(q, k, v)
+    ref_loss, ref_grads = results["xla"]
     tol = TOL[dtype]
     for impl in IMPLS:  # every kernel against the one reference
-        loss, grads = grad(impl)
+        loss, grads = results[impl]
         np.testing.assert_allclose(float(loss), float(ref_loss), **tol, err_msg=impl)
         for name, g, r in zip("qkv", grads, ref_grads, strict=True):
             np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r, np.float32),
@@ -103,12 +124,12 @@ def test_loss_and_gradients_equal_xla_for_every_site_subset(kv, sites, dtype):
 @pytest.mark.slow
 @pytest.mark.parametrize("kv,sites", [("separate", "qkvo"), ("tied", "qkvo")])
 def test_decoder_loss_and_gradients_equal_xla(kv, sites):
-    tok = tokens(1, T + 1)
-    ref_loss, ref_grads = loss_and_grads(cfg(kv, sites), tok)
+    runs = decoder_runs(lambda impl: cfg(kv, sites, impl), tokens(1, T + 1))
+    ref_loss, ref_grads = runs["xla"]
     for impl in IMPLS:
-        loss, grads = loss_and_grads(cfg(kv, sites, impl), tok)
+        loss, grads = runs[impl]
         np.testing.assert_allclose(loss, ref_loss, **TOL["float32"], err_msg=impl)
-        for g, r in zip(grads, ref_grads, strict=True):
+        for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
             np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=5e-5, rtol=1e-4,
                                        err_msg=impl)  # fmt: skip
 
@@ -116,11 +137,23 @@ def test_decoder_loss_and_gradients_equal_xla(kv, sites):
 @pytest.mark.slow
 @pytest.mark.parametrize("sites", ["qk", "vo"])
 def test_bfloat16_compute_stays_close_to_xla(sites):
-    tok = tokens(2, T + 1)
-    ref_loss, _ = loss_and_grads(cfg(sites=sites, dtype="bfloat16"), tok)
+    runs = decoder_runs(lambda impl: cfg(sites=sites, impl=impl, dtype="bfloat16"),
+                        tokens(2, T + 1), grads=False)  # fmt: skip
     for impl in IMPLS:
-        loss, _ = loss_and_grads(cfg(sites=sites, impl=impl, dtype="bfloat16"), tok)
-        np.testing.assert_allclose(loss, ref_loss, **TOL["bfloat16"], err_msg=impl)
+        np.testing.assert_allclose(runs[impl][0], runs["xla"][0], **TOL["bfloat16"], err_msg=impl)
+
+
+@nnx.jit
+def full_and_decoded(model, tok):
+    """(logits of one forward pass over `tok` [B, T], the same logits decoded through a
+    cache of T + 2 slots: a prompt of 7, two single steps, then the last 3 tokens), from
+    one compiled program (one compile instead of one per shape of an eager pass)."""
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.float32)[None, :, None], (B, T, 1))
+    cache, out = model.init_cache(B, T + 2), []
+    for start, stop in [(0, 7), (7, 8), (8, 9), (9, T)]:  # a prompt, then single steps
+        logits, cache = model.decode(tok[:, start:stop], pos[:, start:stop], cache)
+        out.append(logits)
+    return model(tok), jnp.concatenate(out, axis=1)
 
 
 @pytest.mark.slow
@@ -128,16 +161,8 @@ def test_bfloat16_compute_stays_close_to_xla(sites):
 @pytest.mark.parametrize("kv,sites", [("separate", "qk"), ("separate", "qkvo"), ("tied", "qkvo")])
 def test_prefill_then_decode_equals_the_full_forward(kv, sites, impl):
     model = model_lib.Decoder(cfg(kv, sites, impl), rngs=nnx.Rngs(3))
-    tok = tokens(4)
-    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.float32)[None, :, None], (B, T, 1))
-    full = model(tok)
-    cache, out = model.init_cache(B, T + 2), []
-    for start, stop in [(0, 7), (7, 8), (8, 9), (9, T)]:  # a prompt, then single steps
-        logits, cache = model.decode(tok[:, start:stop], pos[:, start:stop], cache)
-        out.append(logits)
-    np.testing.assert_allclose(
-        np.asarray(jnp.concatenate(out, axis=1)), np.asarray(full), atol=3e-5, rtol=1e-5
-    )
+    full, decoded = full_and_decoded(model, tokens(4))
+    np.testing.assert_allclose(np.asarray(decoded), np.asarray(full), atol=3e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -154,14 +179,20 @@ def test_packed_documents_equal_the_documents_run_separately(kv, sites, impl):
     segments = jnp.asarray(np.repeat(np.arange(3), lengths)[None], jnp.int32)
     restart = np.concatenate([np.arange(n) for n in lengths]).astype(np.float32)
     pos = jnp.asarray(restart[None, :, None])
-    packed = model(tok, pos, segments=segments)
-    start = 0
-    for n in lengths:
-        alone = model(tok[:, start : start + n])
-        np.testing.assert_allclose(
-            np.asarray(packed[:, start : start + n]), np.asarray(alone), atol=3e-5, rtol=1e-5
-        )
-        start += n
+    starts = np.cumsum([0, *lengths[:-1]])
+    # each document alone in a row of its own, zero-padded to the longest (causal: padding
+    # at the end never changes the logits before it)
+    docs = jnp.stack([jnp.pad(tok[0, a : a + n], (0, max(lengths) - n))
+                      for a, n in zip(starts, lengths, strict=True)])  # fmt: skip
+
+    @nnx.jit  # the packed row and the documents alone: one compile
+    def packed_and_alone(model):
+        return model(tok, pos, segments=segments), model(docs)
+
+    packed, alone = packed_and_alone(model)
+    for i, (a, n) in enumerate(zip(starts, lengths, strict=True)):
+        np.testing.assert_allclose(np.asarray(packed[0, a : a + n]), np.asarray(alone[i, :n]),
+                                   atol=3e-5, rtol=1e-5, err_msg=f"document at {a}")  # fmt: skip
 
 
 def test_unknown_or_unavailable_impl_is_one_clear_line():
@@ -198,24 +229,15 @@ def test_sinks_and_windows_equal_xla_in_loss_gradients_and_packed_documents(kv, 
     pos = jnp.asarray(np.concatenate([np.arange(7), np.arange(5)])[None, :, None]
                       .repeat(B, 0), jnp.float32)  # fmt: skip
 
-    def run(impl):
-        model = _with_sinks(model_lib.Decoder(cfg(kv, sites, impl, dtype, **SLIDING),
-                                              rngs=nnx.Rngs(0)))  # fmt: skip
-        graphdef, params = nnx.split(model, nnx.Param)
-
-        def loss_fn(p):
-            logits = nnx.merge(graphdef, p)(tok[:, :-1], pos, segments=segments)
-            return optax.softmax_cross_entropy_with_integer_labels(logits, tok[:, 1:]).mean()
-
-        loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params)
-        return float(loss), nnx.to_flat_state(grads)
-
-    ref_loss, ref_grads = run("xla")
+    runs = decoder_runs(lambda impl: cfg(kv, sites, impl, dtype, **SLIDING), tok,
+                        prepare=_with_sinks, positions=pos, segments=segments)  # fmt: skip
+    runs = {impl: (loss, nnx.to_flat_state(grads)) for impl, (loss, grads) in runs.items()}
+    ref_loss, ref_grads = runs["xla"]
     sink_grads = [v for path, v in ref_grads if path[-1] == "sinks"]
     assert len(sink_grads) == 2 and all(np.abs(g.get_value()).max() > 0 for g in sink_grads)
     tol = TOL[dtype] if dtype == "bfloat16" else dict(atol=5e-5, rtol=1e-4)
     for impl in IMPLS:
-        loss, grads = run(impl)
+        loss, grads = runs[impl]
         np.testing.assert_allclose(loss, ref_loss, **TOL[dtype], err_msg=impl)
         for (path, g), (_, r) in zip(grads, ref_grads, strict=True):
             np.testing.assert_allclose(np.asarray(g.get_value(), np.float32),
@@ -229,13 +251,5 @@ def test_sinks_and_windows_equal_xla_in_loss_gradients_and_packed_documents(kv, 
 def test_sliding_layers_with_sinks_decode_equal_to_the_full_forward(kv, sites, impl):
     """Each impl: prefill past the window, then single steps through the ring."""
     model = _with_sinks(model_lib.Decoder(cfg(kv, sites, impl, **SLIDING), rngs=nnx.Rngs(3)))
-    tok = tokens(4)
-    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.float32)[None, :, None], (B, T, 1))
-    full = model(tok)
-    cache, out = model.init_cache(B, T + 2), []
-    for start, stop in [(0, 7), (7, 8), (8, 9), (9, T)]:
-        logits, cache = model.decode(tok[:, start:stop], pos[:, start:stop], cache)
-        out.append(logits)
-    np.testing.assert_allclose(
-        np.asarray(jnp.concatenate(out, axis=1)), np.asarray(full), atol=3e-5, rtol=1e-5
-    )
+    full, decoded = full_and_decoded(model, tokens(4))
+    np.testing.assert_allclose(np.asarray(decoded), np.asarray(full), atol=3e-5, rtol=1e-5)

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ("model.num_layers=1,model.embed_dim=32,model.num_heads=2,model.num_kv_heads=1,"
         "model.head_dim=16,model.mlp_dim=64,data.seq_len=72,data.global_batch_size=4,"
         "train.num_steps=4,train.log_every_steps=2,train.eval_every_steps=0,"
-        "train.ckpt_every_steps=4,eval.batch_size=4")  # fmt: skip
+        "train.ckpt_every_steps=4,eval.batch_size=4,eval.num_batches=1")  # fmt: skip
 
 
 def _args(tmp_path, *extra):
@@ -124,63 +124,78 @@ def test_verdicts_say_which_claims_hold_and_skip_what_was_not_run():
     assert "**not resolved**" in ce.verdicts(noisy)[0]
 
 
-@pytest.mark.slow
-def test_a_real_experiment_trains_fine_tunes_evaluates_and_resumes(tmp_path):
-    out = tmp_path / "results" / "ctx"
-    cmd = [sys.executable, "-m", "rope_jax.experiments.context_extension",
-           f"--workdir={tmp_path / 'runs'}", f"--out={out}", "--rows=qk", "--rules=none,yarn",
-           "--finetune_steps=2", "--passkey=4", "--num_batches=1", f"--set={TINY}"]  # fmt: skip
+# The real experiment's settings: T = 160, above the 136 bytes niah_single_1's short
+# template needs, so that one run answers both tests below.
+REAL = TINY.replace("data.seq_len=72", "data.seq_len=160") + (
+    ",data.task_template=short,eval.answer_tokens=12"
+)
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory):
+    """One real experiment through `python -m rope_jax.experiments.context_extension`: row
+    qk under rules none and yarn, trained, fine-tuned at 4T, every cell evaluated for the
+    loss, passkey and RULER's niah_single_1 at T..8T. Its argv, workdir, and the process."""
+    root = tmp_path_factory.mktemp("context_extension")
+    argv = [f"--workdir={root / 'runs'}", f"--out={root / 'results' / 'ctx'}", "--rows=qk",
+            "--rules=none,yarn", "--finetune_steps=2", "--passkey=2", "--num_batches=1",
+            f"--set={REAL}", "--tasks=niah_single_1", "--examples=2"]  # fmt: skip
+    cmd = [sys.executable, "-m", "rope_jax.experiments.context_extension", *argv]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return argv, root, done
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("context_extension_run")
+def test_a_real_experiment_trains_fine_tunes_evaluates_and_resumes(experiment, capsys, monkeypatch):
+    """The command trains, fine-tunes and evaluates every cell; the same command again
+    (in-process: `main`, as `python -m` runs it) finds everything done."""
+    argv, root, done = experiment
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads((tmp_path / "results" / "ctx.json").read_text())
+    result = json.loads((root / "results" / "ctx.json").read_text())
     cells = {(c["row"], c["rule"], c["finetuned"]): c for c in result["cells"]}
     assert set(cells) == {("qk", r, f) for r in ("none", "yarn") for f in (False, True)}
     for cell in cells.values():
-        assert set(cell["loss"]) == set(cell["passkey"]) == {"72", "144", "288", "576"}
+        assert set(cell["loss"]) == set(cell["passkey"]) == {"160", "320", "640", "1280"}
         assert set(cell["digits"]) == set(cell["loss"])
         assert all(0 <= v[0] <= 1 for m in ("passkey", "digits") for v in cell[m].values())
     # The yarn evaluation of the base run was made under yarn; as trained it was not.
-    base = tmp_path / "runs" / "qk" / "seed_0" / "base"
+    base = root / "runs" / "qk" / "seed_0" / "base"
     yarn = json.loads((base / "eval_4_yarn.json").read_text())
     assert yarn["settings"]["rope_scaling"]["rope_type"] == "yarn"
     assert json.loads((base / "eval_4_none.json").read_text())["settings"]["rope_scaling"] is None
-    assert cells[("qk", "none", False)]["loss"]["72"] != cells[("qk", "yarn", False)]["loss"]["72"]
-    ft = json.loads(
-        (tmp_path / "runs" / "qk" / "seed_0" / "finetune_yarn" / "config.json").read_text()
+    assert (
+        cells[("qk", "none", False)]["loss"]["160"] != cells[("qk", "yarn", False)]["loss"]["160"]
     )
-    assert ft["data"]["seq_len"] == 288 and ft["model"]["rope"]["scaling"]["rope_type"] == "yarn"
+    ft = json.loads((root / "runs" / "qk" / "seed_0" / "finetune_yarn" / "config.json").read_text())
+    assert ft["data"]["seq_len"] == 640 and ft["model"]["rope"]["scaling"]["rope_type"] == "yarn"
     assert ft["train"]["init_from"] == str(base)
-    page = (tmp_path / "results" / "ctx.md").read_text()
+    page = (root / "results" / "ctx.md").read_text()
     assert "## The published claims at this scale" in page
     here = provenance.describe(provenance.code_version())  # base and fine-tuned runs alike
     assert result["code"] == [here] and f"Device: {provenance.devices()}; code: {here}." in page
-    assert (tmp_path / "results" / "ctx.png").stat().st_size > 10_000
-    # Again: everything is done, nothing retrains.
+    assert (root / "results" / "ctx.png").stat().st_size > 10_000
+    # Again: everything is done, nothing retrains (the results are written again).
     stamp = os.path.getmtime(base / "checkpoints" / "4")
-    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and again.stdout.count("done, skipped") == 4
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")  # what `main` sets for its jobs: undone after
+    capsys.readouterr()
+    assert ce.main(argv) == 0 and capsys.readouterr().out.count("done, skipped") == 4
     assert os.path.getmtime(base / "checkpoints" / "4") == stamp
 
 
 @pytest.mark.slow
-def test_ruler_tasks_are_scored_at_every_length(tmp_path):
+@pytest.mark.xdist_group("context_extension_run")
+def test_ruler_tasks_are_scored_at_every_length(experiment):
     """--tasks: RULER's tasks beside the loss in every cell, at every length."""
-    out = tmp_path / "ctx"
-    sets = TINY.replace("data.seq_len=72", "data.seq_len=256") + (
-        ",data.task_template=short,eval.answer_tokens=12"
-    )
-    cmd = [sys.executable, "-m", "rope_jax.experiments.context_extension",
-           f"--workdir={tmp_path / 'runs'}", f"--out={out}", "--rows=qk", "--rules=none",
-           "--finetune_steps=1", "--passkey=0", "--num_batches=1", f"--set={sets}",
-           "--tasks=niah_single_1", "--examples=2"]  # fmt: skip
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    _, root, done = experiment
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads((tmp_path / "ctx.json").read_text())
+    result = json.loads((root / "results" / "ctx.json").read_text())
+    assert len(result["cells"]) == 4
     for cell in result["cells"]:
         scores = cell["niah_single_1"]
-        assert set(scores) == {"256", "512", "1024", "2048"}
+        assert set(scores) == {"160", "320", "640", "1280"}
         assert all(0 <= v[0] <= 1 for v in scores.values())
-    assert "RULER's `niah_single_1`" in (tmp_path / "ctx.md").read_text()
+    assert "RULER's `niah_single_1`" in (root / "results" / "ctx.md").read_text()
 
 
 def test_a_task_added_to_a_finished_experiment_evaluates_its_runs_again(tmp_path):

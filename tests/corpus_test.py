@@ -21,10 +21,17 @@ from configs import lm
 from rope_jax import data
 from rope_jax.data import packing, prepared, shards, tokenizers
 from rope_jax.harness import checkpoint, checks, flops, runfiles, setup
+from rope_jax.harness.evaluate import evaluate_checkpoint, generate_text
+from rope_jax.harness.loop import train_and_evaluate
 from rope_jax.nn import model as model_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = 32
+# The models that run here are 1-layer D = 32 decoders: the data and its tokenizer are the
+# point, and a smaller model compiles sooner.
+SMALL = {"model.num_layers": 1, "model.embed_dim": 32, "model.num_heads": 2,
+         "model.num_kv_heads": 1, "model.head_dim": 16, "model.mlp_dim": 64}  # fmt: skip
+SMALL_FLAGS = [f"--config.{k}={v}" for k, v in SMALL.items()]
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +175,7 @@ def test_packed_rows_give_the_logits_of_their_documents_run_alone(data_root, cor
     fields = dict(packing="documents")
     config = (_config(data_root, "bytes", **fields) if source == "prepared"
               else _config(data_root, "", files=corpus, **fields))  # fmt: skip
+    config.update_from_flattened_dict(SMALL)
     batch = next(data.make_train_iterator(config.data, seed=0, batch_size=2))
     assert int(batch["segments"].max()) >= 2  # rows hold several documents
     net = model_lib.Decoder(config.model, rngs=nnx.Rngs(0))
@@ -244,12 +252,17 @@ def _run(*args, cwd=ROOT):
 
 
 @pytest.mark.slow
-def test_train_and_eval_on_a_prepared_bpe_corpus_report_bits_per_byte(data_root, corpus, tmp_path):
+def test_train_and_eval_on_a_prepared_bpe_corpus_report_bits_per_byte(
+    data_root, corpus, tmp_path, capsys
+):
+    """train.py and eval.py on the BPE corpus: bits per byte over every byte of the split;
+    the run evaluated on another dataset of its tokenizer, and decoding with it, are
+    eval.py's library calls in-process; data of another tokenizer is refused."""
     workdir = str(tmp_path / "run")
     flags = ["--config.data.name=bpe", f"--config.data.data_dir={data_root}",
              f"--config.data.seq_len={T}", "--config.data.global_batch_size=4",
              "--config.train.num_steps=4", "--config.train.eval_every_steps=0",
-             "--config.eval.batch_size=4", "--config.eval.num_batches=0"]  # fmt: skip
+             "--config.eval.batch_size=4", "--config.eval.num_batches=0", *SMALL_FLAGS]  # fmt: skip
     proc = _run("train.py", "--config=configs/lm.py:size=tiny", f"--workdir={workdir}", *flags)
     assert proc.returncode == 0, proc.stderr[-2000:]
     saved = runfiles.load_config(workdir)
@@ -271,26 +284,29 @@ def test_train_and_eval_on_a_prepared_bpe_corpus_report_bits_per_byte(data_root,
                                tokenizer=os.path.join(path, "tokenizer"), shard_tokens=300,
                                record_tokens=40, held_out_percent=30), "part", part,
                  progress=False)  # fmt: skip
-    proc = _run("eval.py", f"--workdir={workdir}", "--num_batches=0", "--data=part",
-                f"--data_dir={part}", "--tag=part")  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    # (eval.py's --data/--data_dir/--tag: in-process, as the rest below; eval.py ran above)
+    evaluate_checkpoint(workdir, num_batches=0, data_name="part", data_dir=part, tag="part")
     other = json.loads(open(os.path.join(workdir, "eval_4_part.json")).read())
     meta = shards.read_metadata(os.path.join(part, "part"))["splits"]["validation"]
     first = int(shards.open_split(os.path.join(part, "part"), "validation").read(0, 1)["bytes"][0])
     assert other[str(T)]["bytes"] == meta["bytes"] - first != result["bytes"]
     assert other["settings"]["data"] == {"name": "part", "data_dir": part}
-    proc = _run("eval.py", f"--workdir={workdir}", "--data=bytes", "--tag=bytes")
-    assert proc.returncode != 0 and "trained with tokenizer bpe400-" in proc.stderr
-    assert "Traceback" not in proc.stderr and not os.path.exists(f"{workdir}/eval_4_bytes.json")
-    proc = _run(
-        "eval.py", f"--workdir={workdir}", "--generate", "--prompt=the", "--max_new_tokens=5"
-    )
-    assert proc.returncode == 0 and proc.stdout.startswith("the"), proc.stderr[-2000:]
-    # the same workdir on data with another tokenizer: refused in one line, nothing written
-    proc = _run("train.py", "--config=configs/lm.py:size=tiny", f"--workdir={workdir}",
-                "--config.data.name=bytes", *flags[1:])  # fmt: skip
-    assert proc.returncode != 0 and "trained with tokenizer bpe400-" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    # data with another tokenizer: refused in one line (a ValueError: eval.py and train.py
+    # print it as their one line), nothing written; checked in-process
+    with pytest.raises(checkpoint.CheckpointError, match="trained with tokenizer bpe400-") as e:
+        evaluate_checkpoint(workdir, data_name="bytes", tag="bytes")
+    assert "\n" not in str(e.value) and not os.path.exists(f"{workdir}/eval_4_bytes.json")
+    capsys.readouterr()
+    text = generate_text(workdir, prompt="the", max_new_tokens=5)  # eval.py --generate's
+    assert text.startswith("the") and capsys.readouterr().out.startswith(text)
+    # the same workdir trained on data with another tokenizer: refused the same way
+    config = _config(data_root, "bytes")
+    config.update_from_flattened_dict(SMALL)
+    config.train.num_steps, config.train.eval_every_steps, config.eval.num_batches = 4, 0, 0
+    before = _records(workdir)
+    with pytest.raises(checkpoint.CheckpointError, match="trained with tokenizer bpe400-") as e:
+        train_and_evaluate(config, workdir)
+    assert "\n" not in str(e.value) and _records(workdir) == before
 
 
 @pytest.mark.slow
@@ -298,7 +314,7 @@ def test_a_raw_corpus_with_a_tokenizer_is_prepared_once_then_trained(corpus, tmp
     flags = ["--config=configs/lm.py:size=tiny", f"--config.data.files={corpus}",
              "--config.data.tokenizer=train:300", f"--config.data.data_dir={tmp_path}",
              f"--config.data.seq_len={T}", "--config.data.global_batch_size=4",
-             "--config.train.num_steps=2", "--config.eval.batch_size=4"]  # fmt: skip
+             "--config.train.num_steps=2", "--config.eval.batch_size=4", *SMALL_FLAGS]  # fmt: skip
     first = _run("train.py", f"--workdir={tmp_path / 'a'}", *flags)
     assert first.returncode == 0, first.stderr[-2000:]
     assert "prepare: wrote" in first.stderr
@@ -354,6 +370,7 @@ def test_one_file_is_cut_the_same_way_raw_and_prepared(tmp_path):
 @pytest.mark.slow  # compiles the step
 def test_the_dry_run_counts_the_head_of_the_data_s_vocabulary(data_root):
     config = _config(data_root, "bpe")
+    config.update_from_flattened_dict(SMALL)
     report = setup.dry_run(config)
     settled = checks.settle_vocab(config)
     assert settled.model.vocab_size != data.VOCAB_SIZE == config.model.vocab_size

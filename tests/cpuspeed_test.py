@@ -83,13 +83,14 @@ def test_train_py_says_it_once_at_start(data_dir, tmp_path, speed, lines):
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / cpuspeed.FILE).write_text(json.dumps({cpuspeed.cpu_key(): speed}))
+    # one evaluation batch at the end (eval.num_batches=0 would score the whole split)
     small = ["--config.model.num_layers=1", "--config.model.embed_dim=32",
              "--config.model.num_heads=2", "--config.model.num_kv_heads=1",
              "--config.model.head_dim=16", "--config.model.mlp_dim=64",
              "--config.data.seq_len=32", "--config.data.global_batch_size=4",
              "--config.train.num_steps=4", "--config.train.log_every_steps=1",
              "--config.train.eval_every_steps=0", "--config.train.ckpt_every_steps=0",
-             "--config.eval.num_batches=0"]  # fmt: skip
+             "--config.eval.num_batches=1"]  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "train.py", "--config=configs/lm.py:size=tiny",
          f"--config.data.data_dir={data_dir}", "--config.model.dtype=bfloat16",

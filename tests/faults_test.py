@@ -51,15 +51,45 @@ def cache_env(shared_compilation_cache):
     return dict(os.environ, PYTHONUNBUFFERED="1")
 
 
+# The module's first run (`watched`, `trained`): a progress line per step and an evaluation
+# every 10 steps, the default preset's shape (20 progress lines, 2 evaluations, 2 saves).
+WATCHED = {"train.log_every_steps": 1, "train.eval_every_steps": 10}
+
+
 @pytest.fixture(scope="module")
-def trained(data_dir, cache_env, tmp_path_factory):
-    """A finished tiny run of train.py (checkpoints at steps 10 and 20); copy it before
-    damaging it. Also fills the compilation cache for the other subprocesses."""
+def watched(data_dir, cache_env, tmp_path_factory):
+    """A tiny run of train.py watched from its first line to its last: stopped (SIGSTOP)
+    once it says it compiles, while a second train.py in its workdir tries to start, then
+    left to finish. {"workdir", "pid", "announced_s" (from its start to that line),
+    "head" (its lines up to that one), "second" (returncode, stdout, stderr of the
+    second), "returncode", "rest" (its stdout after the head), "err" (its stderr)}."""
     workdir = str(tmp_path_factory.mktemp("trained") / "run")
-    rc, out, err = run_all([["train.py", *flags(tiny(data_dir)), f"--workdir={workdir}"]],
-                           cache_env)[0]  # fmt: skip
-    assert rc == 0, out + err
-    return workdir
+    command = ["train.py", *flags(tiny(data_dir, **WATCHED)), f"--workdir={workdir}"]
+    began = time.time()
+    first = start(command, cache_env)
+    try:
+        head = read_until(first, r"compiling the train step", 60)
+        announced_s = time.time() - began
+        first.send_signal(signal.SIGSTOP)  # holds the lock while the second one tries
+        try:
+            second = run_all([command], cache_env)[0]
+        finally:
+            first.send_signal(signal.SIGCONT)
+        rest, err = first.communicate(timeout=240)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    return {"workdir": workdir, "pid": first.pid, "announced_s": announced_s, "head": head,
+            "second": second, "returncode": first.returncode, "rest": rest, "err": err}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained(watched):
+    """A finished tiny run of train.py (checkpoints at steps 10 and 20: `watched`'s);
+    copy it before damaging it. Also fills the compilation cache for the other
+    subprocesses (the first train.py of the module)."""
+    assert watched["returncode"] == 0, watched["rest"] + watched["err"]
+    return watched["workdir"]
 
 
 @pytest.fixture(scope="module")
@@ -512,34 +542,20 @@ time.sleep(600)
 
 
 @pytest.mark.slow
-def test_a_second_run_is_refused_naming_the_first_which_finishes_quietly(
-    data_dir, tmp_path, cache_env, trained
-):
-    """Also the output of a run: few lines, what runs and where first, files last."""
-    steps = 20  # the default preset's shape: 20 progress lines, 2 evaluations, 2 saves
-    every = {"train.log_every_steps": 1, "train.eval_every_steps": 10}
-    config = tiny(data_dir, **every)
-    workdir = str(tmp_path / "run")
-    began = time.time()
-    first = start(["train.py", *flags(config), f"--workdir={workdir}"], cache_env)
-    head = read_until(first, r"compiling the train step", 60)
-    announced = time.time() - began
-    first.send_signal(signal.SIGSTOP)  # holds the lock while the second one tries
-    try:
-        rc, out, err = run_all([["train.py", *flags(config), f"--workdir={workdir}"]],
-                               cache_env)[0]  # fmt: skip
-    finally:
-        first.send_signal(signal.SIGCONT)
-    line = one_error_line(rc, out, err)
-    assert f"pid {first.pid}" in line and f"host {socket.gethostname()}" in line, line
+def test_a_second_run_is_refused_naming_the_first_which_finishes_quietly(watched):
+    """Also the output of a run: few lines, what runs and where first, files last. The
+    first run is `watched` (the module's `trained`, WATCHED's settings)."""
+    steps = 20
+    workdir = watched["workdir"]
+    line = one_error_line(*watched["second"])
+    assert f"pid {watched['pid']}" in line and f"host {socket.gethostname()}" in line, line
     assert "in use by another run" in line
-    rest, err_first = first.communicate(timeout=240)
-    assert first.returncode == 0, err_first
-    assert err_first == ""  # no absl/Orbax/TFDS logs, no warnings
-    lines = head + rest.splitlines()
+    assert watched["returncode"] == 0, watched["err"]
+    assert watched["err"] == ""  # no absl/Orbax/TFDS logs, no warnings
+    lines = watched["head"] + watched["rest"].splitlines()
     assert len(lines) < 30 and not any(ABSL_LOG_LINE.search(x) for x in lines), lines
     assert workdir in lines[0] and lines[0].startswith("training a 1-layer")
-    assert lines[1].startswith("compiling the train step") and announced < 30
+    assert lines[1].startswith("compiling the train step") and watched["announced_s"] < 30
     assert sum(bool(re.match(r"step \d+/20  loss [\d.]+  ", x)) for x in lines) == 20
     assert sum(" eval on validation" in x for x in lines) == 2
     assert re.match(rf"done at step {steps}/{steps}: {steps} steps .*train loss [\d.]+, "
@@ -757,7 +773,9 @@ def test_a_ctrl_c_at_any_moment_of_a_module_commands_start_stops_it_with_one_lin
         assert re.fullmatch(r"error: interrupted by Ctrl-C(; the same command resumes)?\n",
                             err), (delay_s, err)  # fmt: skip
         assert not os.path.exists(tmp_path / str(k) / "lib" / "metadata.json")
-    proc = start([*cmd[1:-2], f"--data_dir={tmp_path / 'term'}"], None)  # progress lines
+    quick_bpe = [a for a in cmd[1:-2] if not a.startswith("--tokenizer_train_bytes=")]
+    quick_bpe.append("--tokenizer_train_bytes=200000")  # on to tokenizing (seconds) sooner
+    proc = start([*quick_bpe, f"--data_dir={tmp_path / 'term'}"], None)  # progress lines
     try:
         cue = read_until(proc, r"^prepare: \d+/\d+ docs ", 120, "stderr")
         proc.send_signal(signal.SIGTERM)  # as a scheduler does, while it tokenizes
@@ -1205,9 +1223,10 @@ def _event_steps(workdir) -> list[list[tuple[str, int]]]:
 @pytest.mark.slow
 def test_a_restart_logs_every_step_once(data_dir, tmp_path, cache_env, trained):
     # An evaluation after every step (the shapes of `trained`: cached) makes a run slow
-    # enough to kill at a chosen step.
+    # enough to kill at a chosen step: about 70 ms a step, and the kill follows the step's
+    # progress line (written after its metrics row) within milliseconds.
     config = tiny(data_dir, **{"train.log_every_steps": 1, "train.eval_every_steps": 1,
-                               "eval.num_batches": 100})  # fmt: skip
+                               "eval.num_batches": 50})  # fmt: skip
     workdir = str(tmp_path / "run")
     command = ["train.py", *flags(config), f"--workdir={workdir}"]
 
@@ -1218,9 +1237,10 @@ def test_a_restart_logs_every_step_once(data_dir, tmp_path, cache_env, trained):
 
     def killed_after(step: int) -> None:
         proc = start(command, cache_env)
-        _wait_for(lambda: reached(step), proc, what=f"step {step}")
+        read_until(proc, rf"^step {step}/20 ", 120)  # its metrics row is written first
         proc.kill()  # SIGKILL: nothing is saved on the way out
-        proc.wait()
+        proc.communicate()
+        assert reached(step)
 
     killed_after(3)  # before the first checkpoint (step 10)
     assert not os.path.isdir(os.path.join(workdir, "checkpoints")) or not [
@@ -1512,6 +1532,7 @@ def test_preparation_workers_left_by_a_killed_command_exit_without_a_word(tmp_pa
         "rope_jax.data.prepare",
         "--source=python_stdlib",
         "--tokenizer=train:1000",
+        "--tokenizer_train_bytes=200000",  # the BPE in a second; tokenizing takes seconds
         "--name=x",
         f"--data_dir={tmp_path}",
         "--workers=2",

@@ -13,6 +13,10 @@ from rope_jax import layouts
 from rope_jax.nn import generate
 from rope_jax.nn import model as model_lib
 
+# One worker runs the module: its eager passes (17 site sets of one shape) share the ops
+# they compile.
+pytestmark = pytest.mark.xdist_group("generate")
+
 B, V = 2, 19
 ALL_SITES = ["".join(c) for r in range(5) for c in itertools.combinations("qkvo", r)]
 # Every separate site set, and the tied cache (which needs sites "qkvo").
@@ -43,7 +47,8 @@ def _decode(model, tok, pos, cache, patches=None, is_patch=None):
 
 
 def cached_logits(model, tok, pos, chunks, *, patches=None, is_patch=None):
-    """Logits [B, T, V] fed through the cache in `chunks` (lengths summing to T)."""
+    """Logits [B, T, V] fed through the cache in `chunks` (lengths summing to T), and the
+    cache's index after them."""
     cache = model.init_cache(B, tok.shape[1] + 3)  # spare slots stay masked
     out, start = [], 0
     for n in chunks:
@@ -54,8 +59,26 @@ def cached_logits(model, tok, pos, chunks, *, patches=None, is_patch=None):
         logits, cache = _decode(model, tok[:, part], pos[:, part], cache, **extra)
         out.append(logits)
         start += n
-    assert int(cache["index"]) == tok.shape[1]
-    return jnp.concatenate(out, axis=1)
+    return jnp.concatenate(out, axis=1), cache["index"]
+
+
+@nnx.jit(static_argnames="chunks")
+def full_and_cached(model, tok, pos, chunks, full_pos=None, patches=None, is_patch=None):
+    """(logits of one forward pass at `full_pos` (None: text positions), `cached_logits`)
+    from one compiled program: a cold eager pass compiles each op on its own, several
+    times slower, where a test's cases share no shapes."""
+    full = model(tok, full_pos, patches=patches, is_patch=is_patch)
+    return full, *cached_logits(model, tok, pos, chunks, patches=patches, is_patch=is_patch)
+
+
+def assert_cached_equals_full(full, cached, index):
+    """Cached logits equal the full pass's, and the cache's index counts every token."""
+    assert int(index) == full.shape[1]
+    np.testing.assert_allclose(np.asarray(cached), np.asarray(full), atol=2e-5, rtol=1e-5)
+
+
+# A prompt of 6, single steps, a chunk of 3 after them (it wraps a ring of 4 slots), steps
+CHUNKS = (6, 1, 1, 3, 1, 1)
 
 
 def text_pos(t, num_axes=1):
@@ -66,10 +89,9 @@ def text_pos(t, num_axes=1):
 @pytest.mark.parametrize("kv,sites", VARIANTS, ids=[f"{k}-{s or 'nope'}" for k, s in VARIANTS])
 def test_prefill_then_decode_equals_full_forward(kv, sites):
     model = model_lib.Decoder(cfg(kv, sites), rngs=nnx.Rngs(0))
-    tok = tokens(1, 10)
-    full = model(tok)
-    cached = cached_logits(model, tok, text_pos(10), [6, 1, 1, 1, 1])
-    np.testing.assert_allclose(np.asarray(cached), np.asarray(full), atol=2e-5, rtol=1e-5)
+    tok = tokens(1, 13)
+    full = model(tok)  # eager: the cases (and the sliding ones) share shapes: ops compile once
+    assert_cached_equals_full(full, *cached_logits(model, tok, text_pos(13), CHUNKS))
 
 
 @pytest.mark.slow
@@ -80,9 +102,7 @@ def test_cache_layout_and_chunked_prefill(kv, sites):
     model = model_lib.Decoder(config, num_axes=2, rngs=nnx.Rngs(1))
     tok = tokens(2, 9)
     pos = jnp.asarray(np.random.default_rng(3).uniform(0, 30, (B, 9, 2)), jnp.float32)
-    full = model(tok, pos)
-    cached = cached_logits(model, tok, pos, [4, 3, 2])
-    np.testing.assert_allclose(np.asarray(cached), np.asarray(full), atol=2e-5, rtol=1e-5)
+    assert_cached_equals_full(*full_and_cached(model, tok, pos, (4, 3, 2), pos))
     cache = model.init_cache(B, 12)
     names = {"tied": ["c"], "separate": ["k", "v"]}[kv]
     assert all(sorted(layer) == names for layer in cache["layers"])
@@ -109,9 +129,9 @@ def mm_inputs(prompt, generated: int, seed=5):
             jnp.asarray(np.broadcast_to(is_patch, (B, t))))  # fmt: skip
 
 
-PROMPTS = {
+PROMPTS = {  # 11 tokens each: the eager passes of one prompt compile the other's ops too
     "text-image-text": [layouts.Text(3), layouts.Image(2, 3), layouts.Text(2)],
-    "text-video": [layouts.Text(2), layouts.Video(2, 2, 2)],  # ends with a patch
+    "text-video": [layouts.Text(3), layouts.Video(2, 2, 2)],  # ends with a patch
 }
 
 
@@ -128,9 +148,9 @@ def test_multimodal_prompt_then_text_decode(prompt_id, kv, sites):
     np.testing.assert_array_equal(np.asarray(pos[:, n:]), layouts.text_positions([start] * B, 4, 3))
     if prompt_id == "text-video":
         assert start != float(pos[0, n - 1].max()) + 1  # not "last position + 1"
-    full = model(tok, pos, patches=patches, is_patch=is_patch)
-    cached = cached_logits(model, tok, pos, [n, 1, 1, 1, 1], patches=patches, is_patch=is_patch)
-    np.testing.assert_allclose(np.asarray(cached), np.asarray(full), atol=2e-5, rtol=1e-5)
+    full = model(tok, pos, patches=patches, is_patch=is_patch)  # eager: cases share shapes
+    assert_cached_equals_full(full, *cached_logits(model, tok, pos, [n, 1, 1, 1, 1],
+                                                   patches=patches, is_patch=is_patch))  # fmt: skip
 
 
 @nnx.jit
@@ -311,11 +331,10 @@ def test_sliding_layers_decode_through_a_ring_of_w_slots_equal_to_the_full_forwa
     """A prompt longer than the window, chunks that wrap the ring, single steps."""
     model = _sliding(kv, sites, sinks)
     tok = tokens(1, 13)
-    full = model(tok)
+    full = model(tok)  # eager: the shapes of test_prefill_then_decode_equals_full_forward
     shapes = [c[next(iter(c))].shape[1] for c in model.init_cache(B, 16)["layers"]]
     assert shapes == [4, 16]  # the sliding layer holds W slots, the full one every token
-    cached = cached_logits(model, tok, text_pos(13), [6, 1, 1, 3, 1, 1])
-    np.testing.assert_allclose(np.asarray(cached), np.asarray(full), atol=2e-5, rtol=1e-5)
+    assert_cached_equals_full(full, *cached_logits(model, tok, text_pos(13), CHUNKS))
     for block in model.blocks:  # the window is not a no-op: without it, other logits
         block.attn.window = None
     assert np.abs(np.asarray(model(tok)[:, 5:] - full[:, 5:])).max() > 1e-3

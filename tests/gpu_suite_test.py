@@ -3,6 +3,7 @@ the page, resumes without redoing finished work, and bad input is one line."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -88,12 +89,26 @@ def test_pack_refuses_what_would_not_travel(corpus, tmp_path, monkeypatch):
     assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.slow
-def test_every_stage_runs_in_smoke_mode_and_resumes(corpus, tmp_path):
+# The tests that train the rung share an xdist group ("gpu_suite_rung"): one worker runs
+# them in order, so `smoked` is made once and the later ones find the programs it compiled
+# in the worker's compilation cache.
+@pytest.fixture(scope="module")
+def smoked(corpus, tmp_path_factory):
+    """OUT of one `--smoke` call of every stage on the packed corpus, and the call: made
+    once for the tests that read it (they copy OUT before adding to it)."""
     data, _ = corpus
-    out = tmp_path / "gpu"
+    out = tmp_path_factory.mktemp("smoked") / "gpu"
     proc = _suite("--out", str(out), "--smoke", "--budget_s=400", "--data", str(data))
+    return out, proc
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("gpu_suite_rung")
+def test_every_stage_runs_in_smoke_mode_and_resumes(corpus, smoked, tmp_path):
+    data, _ = corpus
+    out, proc = smoked
     assert proc.returncode == 0, proc.stderr[-3000:]
+    out = shutil.copytree(out, tmp_path / "gpu")  # the rerun below must change nothing
     results = {s: json.loads((out / f"{s}.json").read_text()) for s in gpu_suite.ORDER}
     assert all(r["done"] for r in results.values()), {s: r.get("errors") for s, r in
                                                       results.items()}  # fmt: skip
@@ -153,13 +168,15 @@ def test_a_stage_resumes_after_its_finished_items(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_rung_trains_rows_again_at_another_seed_beside_its_table(corpus, tmp_path):
-    """--rung_seed/--rung_rows add seed 1 of a row to a finished rung: its own init and
-    data order, seed 0's table untouched, both seeds in the page and the sweep file."""
+@pytest.mark.xdist_group("gpu_suite_rung")
+def test_a_rung_trains_rows_again_at_another_seed_beside_its_table(corpus, smoked, tmp_path):
+    """--rung_seed/--rung_rows add seed 1 of a row to a finished rung (the smoke call's,
+    `smoked`): its own init and data order, seed 0's table untouched, both seeds in the
+    page and the sweep file."""
     data, _ = corpus
-    out = tmp_path / "gpu"
-    first = _suite("--out", str(out), "--smoke", "--stage=rung", "--data", str(data))
+    first = smoked[1]
     assert first.returncode == 0, first.stderr[-3000:]
+    out = shutil.copytree(smoked[0], tmp_path / "gpu")
     table = gpu_suite.load(str(out), "rung")["rows"]
     assert set(table) == {"nope", "qkvo"}
     again = ("--out", str(out), "--smoke", "--stage=rung", "--data", str(data), "--rung_seed=1",
@@ -304,6 +321,7 @@ def _rung_rows(data, seed: int, rows=("nope", "qkvo")) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("gpu_suite_rung")
 def test_a_rung_row_trains_on_the_harness_iterators_batches(corpus):
     """Every rung row's train step sees the batches of the harness's training iterator
     for the row's seed (train.py's): `pipeline.Windows` over the carried training tokens,
@@ -344,6 +362,7 @@ def test_a_rung_row_trains_on_the_harness_iterators_batches(corpus):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("gpu_suite_rung")
 def test_a_rung_row_scores_as_the_harness_loss_task_does(corpus):
     """A rung row's held-out loss and bits per byte at T and 4T, and its loss on training
     windows, are the harness's `loss` task's (`evals.score`, with the jitted steps of
@@ -423,7 +442,10 @@ def test_resume_from_starts_out_from_an_earlier_calls_files(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("gpu_suite_rung")
 def test_rows_compile_one_by_one_when_threads_fail(corpus, monkeypatch, capsys):
+    """The rows of the tests above (their programs in the worker's compilation cache),
+    compiled one after the other when no thread pool can be had."""
     import concurrent.futures
 
     class Broken(concurrent.futures.ThreadPoolExecutor):
@@ -431,11 +453,9 @@ def test_rows_compile_one_by_one_when_threads_fail(corpus, monkeypatch, capsys):
             raise RuntimeError("no threads here")
 
     monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", Broken)
-    shape = gpu_rung.SMOKE_RUNG_SHAPE
-    configs = {r: gpu_rung.rung_config(shape, r, 259, 2, "xla") for r in ("", "qk")}
-    rows = gpu_rung.compile_rows(configs)
+    rows = _rung_rows(corpus[0], seed=3)
     assert "compiling one row at a time" in capsys.readouterr().out
-    assert set(rows) == {"", "qk"} and all(r.compile_s > 0 for r in rows.values())
+    assert set(rows) == {"nope", "qkvo"} and all(r.compile_s > 0 for r in rows.values())
     assert all(hasattr(r.run.train_step, "cost_analysis") for r in rows.values())  # compiled
 
 

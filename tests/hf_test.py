@@ -56,6 +56,15 @@ def tensors(directory: str) -> dict:
     return out
 
 
+_jitted_forward = nnx.jit(lambda model, tokens: model(tokens))
+
+
+def forward(model, tokens) -> np.ndarray:
+    """The model's logits of `tokens`, through one jitted program per model and shape (the
+    same numbers as calling the model, without compiling each operation eagerly)."""
+    return np.asarray(_jitted_forward(model, tokens))
+
+
 def copy_fixture(name: str, tmp_path, **config_changes) -> str:
     """A writable copy of fixture `name` with config.json keys replaced."""
     out = str(tmp_path / name)
@@ -100,7 +109,7 @@ def test_imported_logits_equal_transformers(name):
     model, cfg, _ = hf.load(fixture(name))
     tokens = np.load(os.path.join(fixture(name), "tokens.npy"))
     want = np.load(os.path.join(fixture(name), "logits.npy"))
-    got = np.asarray(model(tokens))
+    got = forward(model, tokens)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
@@ -127,7 +136,7 @@ def test_every_rope_rule_equals_transformers(variant, tmp_path):
     assert cfg.rope.scaling.rope_type == VARIANTS[variant]["rope_parameters"]["rope_type"]
     tokens = np.load(os.path.join(directory, "tokens.npy"))[:1]
     want = np.load(os.path.join(directory, f"logits.{variant}.npy"))
-    got = np.asarray(model(tokens))
+    got = forward(model, tokens)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
     if variant != "default":  # the rule changes the logits: the test can tell rules apart
         assert max_diff(want, np.load(os.path.join(directory, "logits.default.npy"))) > 1e-2
@@ -150,7 +159,7 @@ def test_imported_model_decodes_with_its_cache():
     new = np.asarray(generate.generate(model, prompt, max_new_tokens=3))
     seq = prompt
     for _ in range(3):
-        seq = np.concatenate([seq, np.argmax(np.asarray(model(seq))[:, -1:], -1)], axis=1)
+        seq = np.concatenate([seq, np.argmax(forward(model, seq)[:, -1:], -1)], axis=1)
     np.testing.assert_array_equal(new, seq[:, 5:])
 
 
@@ -180,12 +189,12 @@ def test_the_window_and_the_sinks_change_the_logits(name):
     full = cfg.copy_and_resolve_references()
     full.attention.window, full.attention.layer_types = 0, ()
     without = nnx.merge(nnx.graphdef(convert.abstract_model(full)), params)
-    assert max_diff(without(tokens), want) > 1e-2
+    assert max_diff(forward(without, tokens), want) > 1e-2
     if cfg.attention.sinks:
         for _, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
             if var.shape == (cfg.num_heads,):
                 var.set_value(np.full(var.shape, -1e9, var.dtype))  # exp(sink) = 0
-        assert max_diff(model(tokens), want) > 1e-2
+        assert max_diff(forward(model, tokens), want) > 1e-2
 
 
 @pytest.mark.parametrize("name", ["mistral", pytest.param("granite_swa", marks=pytest.mark.slow)])
@@ -211,7 +220,7 @@ def test_granite_swa_variants_equal_transformers(variant, tmp_path):
     assert cfg.attention.layer_types == ("full", "sliding")
     tokens = np.load(os.path.join(directory, "tokens.npy"))[:1]
     want = np.load(os.path.join(directory, f"logits.{variant}.npy"))
-    np.testing.assert_allclose(np.asarray(model(tokens)), want, rtol=0,
+    np.testing.assert_allclose(forward(model, tokens), want, rtol=0,
                                atol=1e-5 * np.abs(want).max())  # fmt: skip
     assert max_diff(want, np.load(os.path.join(directory, "logits.npy"))[:1]) > 1e-2
 
@@ -377,7 +386,7 @@ def test_exported_run_is_what_llamaforcausallm_expects(tmp_path):
     assert cfg_json["tie_word_embeddings"] is False and cfg_json["dtype"] == "float32"
     again, _, _ = hf.load(str(tmp_path))
     tokens = np.arange(24).reshape(2, 12) % 64
-    np.testing.assert_array_equal(np.asarray(again(tokens)), np.asarray(model(tokens)))
+    np.testing.assert_array_equal(forward(again, tokens), forward(model, tokens))
 
 
 EXPORTS = {  # overrides -> HF class; every one reloads with the same logits
@@ -417,8 +426,8 @@ def test_export_maps_every_layout_and_feature(case, tmp_path):
         "layer_types": tuple(cfg.attention.layer_types),
     }
     tokens = np.random.default_rng(0).integers(0, 64, (2, 20))  # 20 > L0 = 8 for longrope
-    want = np.asarray(model(tokens))
-    np.testing.assert_allclose(np.asarray(again(tokens)), want, atol=1e-5 * np.abs(want).max())
+    want = forward(model, tokens)
+    np.testing.assert_allclose(forward(again, tokens), want, atol=1e-5 * np.abs(want).max())
     if cfg.rope.layout == "interleaved":  # without the permutation it would not be equal
         q = "blocks.0.attn.q_proj"
         plain = np.asarray(convert.flat_params(model)[q])
@@ -550,11 +559,26 @@ BAD_INPUT = {
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUT))
 def test_bad_input_is_one_line(case, tmp_path):
+    """Each mistake is one HFError line from `hf.load` and from the import that `python -m
+    rope_jax.hf import` and `eval.py --hf` run (in-process here: the command prints that
+    line, test_the_import_command_prints_a_mistake_as_its_one_line), and nothing is written."""
     make, message = BAD_INPUT[case]
     directory = make(tmp_path)
     with pytest.raises(hf.HFError, match=re.escape(message)) as error:
         hf.load(directory)
     assert "\n" not in str(error.value)
+    with pytest.raises(hf.HFError, match=re.escape(message)) as error:
+        hf_run.import_run(directory, str(tmp_path / "w"), hf_run.default_config())
+    assert "\n" not in str(error.value)
+    assert not os.path.exists(tmp_path / "w")  # nothing written
+
+
+@pytest.mark.slow
+def test_the_import_command_prints_a_mistake_as_its_one_line(tmp_path):
+    """`python -m rope_jax.hf import` of a bad directory: the import's HFError is the one
+    line on stderr, exit status 1, nothing written (every mistake: test_bad_input_is_one_line)."""
+    make, message = BAD_INPUT["missing shard"]
+    directory = make(tmp_path)
     code, _, err = run_cli("-m", "rope_jax.hf", "import", f"--hf={directory}",
                            f"--workdir={tmp_path / 'w'}")  # fmt: skip
     assert code == 1 and message in one_line_error(err)
@@ -636,33 +660,41 @@ def test_an_import_takes_the_defaults_that_configs_lm_gives_without_an_arg():
     assert hf_run.default_config().to_dict() == lm.get_config().to_dict()
 
 
+@pytest.fixture(scope="module")
+def from_hf(data_dir, tmp_path_factory):
+    """A run started with `init_from=hf:DIR` (the llama fixture) and trained 2 steps, made
+    once for the two tests below (they only read it; they share one xdist group)."""
+    workdir = str(tmp_path_factory.mktemp("from_hf") / "run")
+    config = small_run(data_dir, **{"train.init_from": f"hf:{fixture('llama')}",
+                                    "optim.warmup_steps": 1})  # fmt: skip
+    harness.train_and_evaluate(config, workdir, sources=hf_run.SOURCES)
+    return workdir
+
+
 @pytest.mark.slow
-def test_an_imported_workdir_trains_on_as_a_run_started_from_the_model(data_dir, tmp_path):
+@pytest.mark.xdist_group("hf_from_hf")
+def test_an_imported_workdir_trains_on_as_a_run_started_from_the_model(data_dir, tmp_path, from_hf):
     """`eval.py --hf`'s import (step 0, no data position: nothing was read) trained on
-    from its saved config (`configs/saved.py`) is the run `init_from=hf:DIR` trains; it
-    used to stop with KeyError: 'data'."""
+    from its saved config (`configs/saved.py`) is the run `init_from=hf:DIR` trains
+    (`from_hf`, the same small run); it used to stop with KeyError: 'data'."""
     directory = fixture("llama")
     config = small_run(data_dir, **{"optim.warmup_steps": 1})
     imported = str(tmp_path / "imported")
     hf_run.import_run(directory, imported, config)
     harness.train_and_evaluate(runfiles.load_config(imported), imported, sources=hf_run.SOURCES)
-    fresh = str(tmp_path / "fresh")
-    harness.train_and_evaluate(small_run(data_dir, **{"train.init_from": f"hf:{directory}",
-                                                      "optim.warmup_steps": 1}), fresh,
-                               sources=hf_run.SOURCES)  # fmt: skip
-    losses = [[r["loss"] for r in metrics.read_jsonl(w) if "loss" in r] for w in (imported, fresh)]
+    losses = [
+        [r["loss"] for r in metrics.read_jsonl(w) if "loss" in r] for w in (imported, from_hf)
+    ]
     assert len(losses[0]) == 2 and losses[0] == losses[1]
 
 
 @pytest.mark.slow
-def test_a_run_trains_from_an_hf_checkpoint_and_exports_back(data_dir, tmp_path):
+@pytest.mark.xdist_group("hf_from_hf")
+def test_a_run_trains_from_an_hf_checkpoint_and_exports_back(tmp_path, from_hf):
     """init_from=hf:DIR: the run takes DIR's architecture, tokenizer and weights, trains
-    2 steps, and exports again (the export's logits are the trained run's)."""
+    2 steps (`from_hf`), and exports again (the export's logits are the trained run's)."""
     directory = fixture("llama")
-    config = small_run(data_dir, **{"train.init_from": f"hf:{directory}",
-                                    "optim.warmup_steps": 1})  # fmt: skip
-    workdir = str(tmp_path / "run")
-    harness.train_and_evaluate(config, workdir, sources=hf_run.SOURCES)
+    workdir = from_hf
     saved = runfiles.load_config(workdir)
     assert (saved.model.embed_dim, saved.model.head_dim, saved.model.vocab_size) == (48, 16, 288)
     assert saved.model.norm_eps == 1e-5 and saved.model.rope.scaling.rope_type == "llama3"
@@ -684,7 +716,7 @@ def test_a_run_trains_from_an_hf_checkpoint_and_exports_back(data_dir, tmp_path)
     assert tok.vocab_size == 288
     net = nnx.merge(harness.build(_no_corpus(saved), vocab_from_data=False).graphdef, trained)
     tokens = np.load(os.path.join(directory, "tokens.npy"))
-    np.testing.assert_array_equal(np.asarray(again(tokens)), np.asarray(net(tokens)))
+    np.testing.assert_array_equal(forward(again, tokens), forward(net, tokens))
 
 
 @pytest.mark.slow
@@ -707,7 +739,7 @@ def test_a_byte_level_run_exports_a_tokenizer_that_reimports(data_dir, tmp_path)
     _, trained = checkpoint_params(workdir)
     net = nnx.merge(harness.build(_no_corpus(saved), vocab_from_data=False).graphdef, trained)
     ids = np.asarray([tok.encode(text)])
-    np.testing.assert_array_equal(np.asarray(model(ids)), np.asarray(net(ids)))
+    np.testing.assert_array_equal(forward(model, ids), forward(net, ids))
 
 
 def checkpoint_params(workdir: str):
@@ -725,7 +757,13 @@ def _no_corpus(config):
 
 
 @pytest.mark.slow
-def test_eval_py_imports_evaluates_and_decodes_an_hf_model(data_dir, tmp_path):
+def test_eval_py_imports_evaluates_and_decodes_an_hf_model(data_dir, tmp_path, capsys):
+    """`eval.py --hf` imports the model into a workdir and evaluates it; its --generate
+    (what eval.py runs for it, in-process here: the command itself decodes in
+    test_eval_py_decodes_a_sliding_window_model_as_transformers) finds the import there
+    and continues the prompt as the imported model's own greedy decoding does."""
+    from rope_jax.harness.evaluate import generate_text
+
     workdir = str(tmp_path / "m")
     overrides = [f"--config.data.data_dir={data_dir}", "--config.data.seq_len=32",
                  "--config.eval.batch_size=4", "--config.eval.num_batches=1"]  # fmt: skip
@@ -735,14 +773,17 @@ def test_eval_py_imports_evaluates_and_decodes_an_hf_model(data_dir, tmp_path):
     assert code == 0, err[-2000:]
     result = json.load(open(os.path.join(workdir, "eval_0.json")))
     assert result["step"] == 0 and 0 < result["32"]["loss"] < 20
-    code, out, err = run_cli(*args, "--generate", "--prompt=ROMEO:", "--max_new_tokens=8")
-    assert code == 0, err[-2000:]
-    assert "holds" in out and out.splitlines()[-1].startswith("ROMEO:")
+    config = runfiles.load_config(workdir)  # eval.py's --config and overrides, as imported
+    assert "holds" in hf_run.import_run(fixture("llama"), workdir, config)
+    capsys.readouterr()
+    text = generate_text(workdir, prompt="ROMEO:", max_new_tokens=8)
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == text and text.startswith("ROMEO:")
     model, _, tok = hf.load(fixture("llama"))
     ids = np.asarray([tok.encode("ROMEO:")])
     new = generate.generate(model, ids, max_new_tokens=8)[0].tolist()
     new = new[: new.index(tok.eos_id)] if tok.eos_id in new else new
-    assert out.splitlines()[-1] == "ROMEO:" + tok.decode(new)
+    assert text == "ROMEO:" + tok.decode(new)
 
 
 @pytest.mark.slow

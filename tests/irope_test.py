@@ -13,6 +13,10 @@ from rope_jax.nn import irope, kernels, sliding
 from rope_jax.nn import model as model_lib
 from tests import hf_blocks
 
+# One worker runs the module: the ops its tests run eagerly (building the same decoders,
+# the kernels outside jit) compile once.
+pytestmark = pytest.mark.xdist_group("irope")
+
 FIXTURE = "llama4_attention"
 TOLERANCE = 2e-5  # float32, atol = rtol
 
@@ -76,7 +80,8 @@ def forward_and_grads(attn, x, dy):
         y = nnx.merge(graph, params, rest)(x, positions)
         return jnp.sum(y * dy), y
 
-    (_, y), (d_params, dx) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, x)
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
+    (_, y), (d_params, dx) = grad(params, x)
     grads = {"x": dx}
     for name in WEIGHTS:
         g = np.asarray(d_params[name][...])
@@ -117,8 +122,10 @@ def test_without_each_piece_the_fixture_is_missed():
     ]
     for layer, arrays, change in changes:
         attn = loaded(decoder(hf, **change).blocks[layer].attn, arrays, hf)
-        y, _ = forward_and_grads(attn, jnp.asarray(arrays["x"]), jnp.asarray(arrays["dy"]))
-        assert np.abs(y - arrays["y"]).max() > 1e-2, change
+        x = jnp.asarray(arrays["x"])
+        positions = jnp.broadcast_to(jnp.arange(x.shape[1])[None, :, None], (*x.shape[:2], 1))
+        y = nnx.jit(lambda attn, x, positions: attn(x, positions))(attn, x, positions)
+        assert np.abs(np.asarray(y) - arrays["y"]).max() > 1e-2, change
 
 
 def test_chunked_attention_equals_a_direct_masked_softmax():
@@ -158,7 +165,7 @@ def test_decoding_through_the_cache_equals_the_full_forward(impl):
     hf = hf_config()
     model = decoder(hf, attention={"impl": impl})
     tokens = jnp.asarray(np.random.default_rng(1).integers(0, hf["vocab_size"], (2, 14)))
-    want = model(tokens)
+    want = nnx.jit(lambda model, tokens: model(tokens))(model, tokens)  # one compile
     cache = model.init_cache(2, 14)
     assert [next(iter(c.values())).shape[1] for c in cache["layers"]] == [4, 14]
     got = hf_blocks.stepwise_logits(model, tokens, prompt=5)

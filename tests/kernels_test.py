@@ -97,9 +97,17 @@ QUICK = {
     ("window-sinks-everything", "float32"),
     ("chunk-sinks-segments-mask", "float32"),
 }  # the rest: full suite only
+
+
+def group(case: Case, dtype: str):
+    """The xdist group of a case: its tests run on one worker, which compiles its
+    impls (`run_all`) once for all of them."""
+    return pytest.mark.xdist_group(f"kernels-{case.name}-{dtype}")
+
+
 GRID_PARAMS = [
     pytest.param(c, d, id=f"{c.name}-{d}",
-                 marks=() if (c.name, d) in QUICK else pytest.mark.slow)
+                 marks=(group(c, d),) + (() if (c.name, d) in QUICK else (pytest.mark.slow,)))
     for c, d in GRID
 ]  # fmt: skip
 
@@ -172,16 +180,42 @@ def loss_fn(case: Case, impl: str):
     return loss
 
 
-@functools.cache
-def run(case: Case, impl: str, dtype: str):
-    """(out, (dq, dk, dv[, dsinks])) as float32 numpy, from one jitted value_and_grad."""
+LOCAL_IMPLS = ("xla", "dot_product", "chunked")  # every impl but splash (TPU only)
+_RUNS = {}  # (case, impl, dtype) -> (out, grads), from `run` or `run_all`
+
+
+def _run_jitted(case: Case, impls, dtype: str):
+    """{impl: (out, (dq, dk, dv[, dsinks]))} as float32 numpy: one jitted program holding
+    a value_and_grad of each impl (each its own, side by side: nothing is shared)."""
     q, k, v, *_, sinks = inputs(case, dtype)
     argnums = (0, 1, 2, 4) if case.sinks else (0, 1, 2)
-    grad = jax.value_and_grad(loss_fn(case, impl), argnums=argnums, has_aux=True)
-    (_, out), grads = jax.jit(grad)(q, k, v, jnp.int32(case.offset or 0), sinks)
-    assert out.dtype == jnp.float32
-    assert [g.dtype for g in grads[:3]] == [q.dtype] * 3
-    return np.asarray(out), [np.asarray(g, np.float32) for g in grads]
+
+    def grads(*args):
+        return {impl: jax.value_and_grad(loss_fn(case, impl), argnums=argnums, has_aux=True)(
+            *args) for impl in impls}  # fmt: skip
+
+    results = {}
+    for impl, ((_, out), g) in jax.jit(grads)(q, k, v, jnp.int32(case.offset or 0), sinks).items():
+        assert out.dtype == jnp.float32, impl
+        assert [x.dtype for x in g[:3]] == [q.dtype] * 3, impl
+        result = (np.asarray(out), [np.asarray(x, np.float32) for x in g])
+        results[impl] = _RUNS[case, impl, dtype] = result
+    return results
+
+
+def run(case: Case, impl: str, dtype: str):
+    """(out, (dq, dk, dv[, dsinks])) as float32 numpy, from a jitted value_and_grad (or
+    from `run_all`, if this worker already ran the case)."""
+    if (case, impl, dtype) not in _RUNS:
+        _run_jitted(case, (impl,), dtype)
+    return _RUNS[case, impl, dtype]
+
+
+@functools.cache
+def run_all(case: Case, dtype: str):
+    """`run` of every local impl, compiled together once per case (one compile for the
+    three instead of three: a case's tests share an xdist group, so one worker)."""
+    return _run_jitted(case, LOCAL_IMPLS, dtype)
 
 
 def empty_rows(case: Case) -> np.ndarray:
@@ -203,8 +237,9 @@ def empty_rows(case: Case) -> np.ndarray:
 def test_matches_xla(case, dtype, impl):
     if impl == "splash" and jax.default_backend() != "tpu":
         pytest.skip(f"splash attention needs a TPU; this backend is {jax.default_backend()}")
-    out, grads = run(case, impl, dtype)
-    ref_out, ref_grads = run(case, "xla", dtype)
+    results = run_all(case, dtype)
+    out, grads = run(case, impl, dtype) if impl == "splash" else results[impl]
+    ref_out, ref_grads = results["xla"]
     assert out.shape == (B, case.t, case.n, H)
     tol = TOLERANCE[dtype]
     np.testing.assert_allclose(out, ref_out, atol=tol, rtol=tol, err_msg="out")
@@ -214,11 +249,12 @@ def test_matches_xla(case, dtype, impl):
     assert len(grads) == 3 + case.sinks
 
 
-@pytest.mark.parametrize("impl", ["xla", "dot_product", "chunked"])
+@pytest.mark.parametrize("impl", LOCAL_IMPLS)
 @pytest.mark.parametrize(
     "case",
-    [CASE[name] for name in ("offset-negative", "segments-causal-mha", "everything",
-                             "sinks-empty-rows", "window-sinks-everything")],
+    [pytest.param(CASE[name], marks=group(CASE[name], "float32"))  # test_matches_xla's runs
+     for name in ("offset-negative", "segments-causal-mha", "everything", "sinks-empty-rows",
+                  "window-sinks-everything")],
 )  # fmt: skip
 def test_rows_with_no_key_are_zero(case, impl):
     empty = empty_rows(case)
@@ -264,10 +300,8 @@ def test_sinks_and_window_match_hf_eager_attention():
     p = np.exp(combined - combined.max(-1, keepdims=True))
     p = (p / p.sum(-1, keepdims=True))[..., :-1]
     want = np.einsum("bnts,bsnh->btnh", p, vn)
-    got = kernels.mix(q, k, v, causal=True, sinks=sinks, window=3)
-    np.testing.assert_allclose(got, want, atol=1e-5)
-    plain = kernels.mix(q, k, v, causal=True, window=3)
-    assert np.abs(np.asarray(plain) - want).max() > 1e-2  # the sink changes the output
+    ours = lambda q, k, v, z: kernels.mix(q, k, v, causal=True, sinks=z, window=3)
+    plain = lambda q, k, v: kernels.mix(q, k, v, causal=True, window=3)
 
     def concatenated(q, k, v, z):  # the same in jnp, differentiated automatically
         kr, vr = jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)
@@ -278,14 +312,22 @@ def test_sinks_and_window_match_hf_eager_attention():
         return jnp.einsum("bnts,bsnh->btnh", p, vr)
 
     w = inputs(case, "float32")[3]
-    ours = lambda q, k, v, z: kernels.mix(q, k, v, causal=True, sinks=z, window=3)
-    grads = [jax.grad(lambda *a, f=f: jnp.sum(f(*a) * w), argnums=(0, 1, 2, 3))(q, k, v, sinks)
-             for f in (ours, concatenated)]  # fmt: skip
+
+    @jax.jit  # one compiled program (eager jax.grad compiles each op on its own)
+    def outputs_and_grads(q, k, v, z):
+        grads = [jax.grad(lambda *a, f=f: jnp.sum(f(*a) * w), argnums=(0, 1, 2, 3))(q, k, v, z)
+                 for f in (ours, concatenated)]  # fmt: skip
+        return ours(q, k, v, z), plain(q, k, v), grads
+
+    got, without_sinks, grads = outputs_and_grads(q, k, v, sinks)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert np.abs(np.asarray(without_sinks) - want).max() > 1e-2  # the sink changes the output
     for name, got, ref in zip(["q", "k", "v", "sinks"], *grads, strict=True):
         np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5, err_msg=f"d{name}")
 
 
 @pytest.mark.slow  # eager jax.grad dispatches op by op: ~3 s alone, more on a busy machine
+@group(CASE["gqa-causal"], "float32")  # its xla reference is test_matches_xla's
 def test_chunked_eager_jit_and_grad():
     """Chunked outside jit, under jax.jit, and under jax.grad: all equal xla.
 
@@ -302,6 +344,7 @@ def test_chunked_eager_jit_and_grad():
         np.testing.assert_allclose(out, want_out, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.xdist_group("kernels-block-sizes")  # one worker computes the reference once
 @pytest.mark.parametrize("block", [1, 5, 64])
 def test_chunked_block_sizes(block):
     """One key per block, an odd block, and a block longer than T and S (forward)."""

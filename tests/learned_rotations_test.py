@@ -15,6 +15,9 @@ from rope_jax import defaults, learned, rotary
 from rope_jax.harness import optim
 from rope_jax.nn import model as model_lib
 
+# One worker runs the module: the ops its eager model passes run compile once.
+pytestmark = pytest.mark.xdist_group("learned_rotations")
+
 B, T, V = 2, 10, 19
 N, K, H = 4, 2, 8  # GQA: query heads n = 2k, 2k + 1 use kv head k's frequencies
 KINDS = ("freqs", "commuting")

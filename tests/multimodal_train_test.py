@@ -3,8 +3,6 @@
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -13,11 +11,11 @@ import train
 from configs import multimodal
 from rope_jax import data, harness
 from rope_jax.experiments import report as report_lib
+from rope_jax.experiments import sweep
 from rope_jax.harness import metrics
 
 pytestmark = pytest.mark.slow  # end-to-end training runs and a sweep
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = {"model.num_layers": 1, "model.embed_dim": 32, "model.num_heads": 2,
         "model.num_kv_heads": 1, "model.head_dim": 16, "model.mlp_dim": 64,
         "data.global_batch_size": 8, "train.num_steps": 6, "train.log_every_steps": 3,
@@ -34,9 +32,10 @@ def tiny(data_dir, arg="row=rope_tv", **overrides):
 
 
 def test_training_logs_answer_accuracy_and_eval_scores_every_held_out_split(data_dir, tmp_path):
-    config = tiny(
-        data_dir, **{"train.num_steps": 40, "optim.lr": 1e-2, "train.eval_every_steps": 20}
-    )
+    # checkpoints at the evaluations only (every 3 steps would be 13 saves)
+    steps = {"train.num_steps": 40, "optim.lr": 1e-2, "train.eval_every_steps": 20,
+             "train.ckpt_every_steps": 20}  # fmt: skip
+    config = tiny(data_dir, **steps)
     train.train_and_evaluate(config, str(tmp_path))
     records = metrics.read_jsonl(str(tmp_path))
     losses = [r["loss"] for r in records if "loss" in r]
@@ -89,15 +88,15 @@ def test_dry_run_of_a_multimodal_config(data_dir):
     assert report["parameters"] > 0 and report["temp_bytes_per_device"] > 0
 
 
-def test_sweep_scores_rows_by_answer_accuracy_on_each_split(data_dir, tmp_path):
+def test_sweep_scores_rows_by_answer_accuracy_on_each_split(data_dir, tmp_path, capsys):
+    """The sweep (`sweep.main` in-process, as tests/sweep_test.py runs it; its runs are
+    train.py and eval.py processes) ranks the rows by answer accuracy on every split."""
     workdir = tmp_path / "runs"
     argv = ["--config=configs/multimodal.py", f"--workdir={workdir}", "--rows=nope,rope_tv",
             f"--results={tmp_path}/table", "--set", ",".join(f"{k}={v}" for k, v in TINY.items()),
             "--set", f"data.data_dir={data_dir}"]  # fmt: skip
-    cmd = [sys.executable, "-m", "rope_jax.experiments.sweep", *argv]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert "answer accuracy test" in proc.stdout
+    sweep.main(argv)  # a failed run: SystemExit with the error line
+    assert "answer accuracy test" in capsys.readouterr().out
     report = json.loads((tmp_path / "table.json").read_text())
     assert report["splits"] == list(multimodal.HELD_OUT) and report["seq_lens"] == ["48"]
     for row in ("nope", "rope_tv"):

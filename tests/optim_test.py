@@ -19,6 +19,7 @@ def _tree(seed=0):
     }
 
 
+@pytest.mark.xdist_group("optim-clip")  # one worker: the ops run eagerly compile once
 @pytest.mark.parametrize("max_norm", [0.1, 1.0, 1e6])  # clipped, clipped, kept
 def test_the_clip_gives_optax_numbers_and_its_state(max_norm):
     """Bit for bit when nothing is clipped (t * 1 = t); to rounding when clipped (optax

@@ -11,6 +11,10 @@ from configs import lm
 from rope_jax.nn import attention, kernels, probe
 from rope_jax.nn import model as model_lib
 
+# One worker runs the module: the ops its tests run eagerly (building decoders of one size)
+# compile once.
+pytestmark = pytest.mark.xdist_group("probe")
+
 T = 64
 
 
@@ -37,13 +41,19 @@ def test_the_largest_logit_is_the_largest_score_the_kernel_sees(row, monkeypatch
         k_all = jnp.repeat(k, q.shape[2] // k.shape[2], axis=2)
         logits = jnp.einsum("btnh,bsnh->bnts", q.astype(jnp.float32), k_all.astype(jnp.float32))
         ok = probe.allowed(q.shape[1], kw["window"], kw["chunk"])
-        seen.append(float(jnp.max(jnp.where(ok, logits * scale, -jnp.inf))))
+        seen.append(jnp.max(jnp.where(ok, logits * scale, -jnp.inf)))
         return mix(q, k, v, **kw)
 
     monkeypatch.setattr(attention.kernels, "mix", spy)
-    model(tokens)
-    forward = list(seen)  # one score per layer (the probe's own blocks add more)
-    got = np.asarray(probe.max_attention_logits(model, tokens))
+
+    @nnx.jit  # one compiled program (an eager pass compiles each op on its own)
+    def forward_and_probe(model, tokens):
+        model(tokens)
+        forward = list(seen)  # one score per layer (the probe's own blocks add more)
+        return forward, probe.max_attention_logits(model, tokens)
+
+    forward, got = forward_and_probe(model, tokens)
+    forward, got = [float(x) for x in forward], np.asarray(got)
     assert got.shape == (len(model.blocks),) and len(forward) == len(got)
     np.testing.assert_allclose(got, forward, rtol=1e-5, atol=1e-5)
 

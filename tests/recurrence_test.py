@@ -37,25 +37,37 @@ def reference(v, pos, gamma, rope):
     """o_i = sum_{j<=i} gamma^(i-j) R_{p_j - p_i} v_j with explicit matrices (float64)."""
     out = np.zeros(v.shape)
     gamma = np.broadcast_to(np.asarray(gamma, np.float64), (N,))
+    # R_{p_j - p_i} of every pair (i, j), built in one call: [B, T (i), T (j), H, H]
+    rels = np.asarray(
+        rotary.rotation_matrix(pos[:, None] - pos[:, :, None], head_dim=H, **rope), np.float64
+    )
     for i in range(T):
         for j in range(i + 1):
-            rel = np.asarray(
-                rotary.rotation_matrix(pos[:, j] - pos[:, i], head_dim=H, **rope), np.float64
-            )  # [B, H, H]
+            rel = rels[:, i, j]  # [B, H, H]
             out[:, i] += gamma[None, :, None] ** (i - j) * np.einsum("bij,bnj->bni", rel, v[:, j])
     return out
 
 
+@functools.cache
+def both_forms(rope_id: str, layout: str):
+    """jitted (v, pos, gamma) -> (vo_decay_attention, vo_recurrence) under rotation
+    `rope_id` with `layout`: one program for the two forms, gamma traced (the library
+    makes it an array either way), so every gamma of the rotation shares one compile."""
+    rope = dict(ROPES[rope_id][1], layout=layout)
+    forms = (recurrence.vo_decay_attention, recurrence.vo_recurrence)
+    return jax.jit(lambda v, pos, gamma: [form(v, pos, gamma=gamma, **rope) for form in forms])
+
+
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-@pytest.mark.parametrize("rope_id", list(ROPES))
+@pytest.mark.parametrize(
+    "rope_id",  # a rotation's cases share a worker, which compiles `both_forms` once each
+    [pytest.param(r, marks=pytest.mark.xdist_group(f"recurrence-{r}")) for r in ROPES],
+)  # fmt: skip
 @pytest.mark.parametrize("gamma", GAMMAS)
 def test_recurrence_equals_decay_attention(gamma, rope_id, layout):
-    num_axes, rope = ROPES[rope_id]
-    rope = dict(rope, layout=layout)
+    num_axes = ROPES[rope_id][0]
     v, pos = inputs(GAMMA_VALUES.index(gamma) + 10 * list(ROPES).index(rope_id), num_axes)
-    quad = jax.jit(functools.partial(recurrence.vo_decay_attention, gamma=gamma, **rope))
-    scan = jax.jit(functools.partial(recurrence.vo_recurrence, gamma=gamma, **rope))
-    a, b = quad(v, pos), scan(v, pos)
+    a, b = both_forms(rope_id, layout)(v, pos, jnp.float32(gamma))
     assert a.shape == b.shape == (B, T, N, H) and a.dtype == b.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=2e-5, rtol=1e-4)
 

@@ -24,6 +24,9 @@ from rope_jax.harness import runfiles
 from rope_jax.nn import attention
 from rope_jax.nn import model as model_lib
 
+# One worker runs the module: the ops its eager model passes run compile once.
+pytestmark = pytest.mark.xdist_group("rope_variants")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 H, T = 16, 20
 P = H // 2

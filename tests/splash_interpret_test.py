@@ -13,6 +13,9 @@ from rope_jax.nn import kernels
 
 splash = pytest.importorskip("jax.experimental.pallas.ops.tpu.splash_attention")
 
+# One worker runs the module: the interpreted kernels share the ops they compile.
+pytestmark = pytest.mark.xdist_group("splash_interpret")
+
 
 @pytest.fixture
 def interpreted(monkeypatch):

@@ -36,12 +36,19 @@ def test_the_committed_page_is_what_its_json_renders():
 
 
 @pytest.mark.slow
-def test_a_tiny_transfer_trains_scores_and_skips_what_is_done(data_dir, tmp_path):
+def test_a_tiny_transfer_trains_scores_and_skips_what_is_done(
+    data_dir, tmp_path, capsys, monkeypatch
+):
+    """The command trains the text LM and both runs and scores them; the same command
+    again (in-process: `main`, as `python -m` runs it) skips all three."""
     out = tmp_path / "results" / "t"
-    cmd = [sys.executable, "-m", "rope_jax.experiments.text_to_multimodal",
-           f"--workdir={tmp_path / 'w'}", f"--out={out}", "--rows=flat", "--layers=1",
-           "--text_steps=4", "--steps=4", "--eval_every=2", "--text_batches=1",
-           "--set", f"eval.num_batches=1,data.data_dir={data_dir}"]  # fmt: skip
+    # every run (the text LM's and both multimodal ones) at D = 32, 4 sequences a batch
+    small = ("model.embed_dim=32,model.num_heads=2,model.num_kv_heads=1,model.head_dim=16,"
+             "model.mlp_dim=64,data.global_batch_size=4,eval.batch_size=4")  # fmt: skip
+    argv = [f"--workdir={tmp_path / 'w'}", f"--out={out}", "--rows=flat", "--layers=1",
+            "--text_steps=4", "--steps=4", "--eval_every=2", "--text_batches=1",
+            "--set", f"eval.num_batches=1,data.data_dir={data_dir},{small}"]  # fmt: skip
+    cmd = [sys.executable, "-m", "rope_jax.experiments.text_to_multimodal", *argv]
     first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
     lines = (first.stdout + first.stderr).splitlines()
@@ -60,6 +67,9 @@ def test_a_tiny_transfer_trains_scores_and_skips_what_is_done(data_dir, tmp_path
     here = provenance.describe(provenance.code_version())  # the text LM's and both runs'
     assert result["code"] == [here] and f"Device: {provenance.devices()}; code: {here}." in page
     assert page == ttm.render_markdown(result, result.pop("command"))
-    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and again.stdout.count("done, skipped") == 3, again.stdout
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")  # what `main` sets for its jobs: undone after
+    capsys.readouterr()
+    assert ttm.main(argv) == 0
+    again = capsys.readouterr().out
+    assert again.count("done, skipped") == 3, again
     assert out.with_suffix(".md").read_text() == page

@@ -20,7 +20,9 @@ from rope_jax import harness, provenance
 from rope_jax.harness import checkpoint, metrics, resume
 from tests.slurm_helpers import xla_flags
 
-pytestmark = pytest.mark.slow  # end-to-end training runs
+# End-to-end training runs; one test worker runs the module (its tests share the finished
+# runs of `finished`, trained once, and the worker's compilation cache).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("train")]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,6 +43,29 @@ def tiny(data_dir, **overrides):
     config.eval.num_batches, config.eval.batch_size = 2, 8
     config.update_from_flattened_dict(overrides)
     return config
+
+
+@pytest.fixture(scope="module")
+def finished(data_dir, tmp_path_factory):
+    """finished(**overrides): the workdir of a finished run of `tiny(data_dir, **overrides)`,
+    trained in process once for the module (the tests that read the same run share it);
+    copy it (`copy_of`) before changing it."""
+    runs = {}
+
+    def get(**overrides) -> str:
+        config = tiny(data_dir, **overrides)
+        key = json.dumps(_flat(config), sort_keys=True, default=str)
+        if key not in runs:
+            runs[key] = str(tmp_path_factory.mktemp("finished") / "run")
+            train.train_and_evaluate(config, runs[key])
+        return runs[key]
+
+    return get
+
+
+def copy_of(workdir, tmp_path, name="run") -> str:
+    """A copy of a finished run's workdir, to change."""
+    return shutil.copytree(workdir, str(tmp_path / name))
 
 
 def final_params(workdir, config):
@@ -65,15 +90,16 @@ def test_loss_falls_and_outputs_are_written(data_dir, tmp_path):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_resume_ends_with_exactly_the_same_parameters(data_dir, tmp_path, dtype, capsys):
+def test_resume_ends_with_exactly_the_same_parameters(data_dir, tmp_path, dtype, capsys, finished):
     """Bit-identical on one machine, bfloat16 matmuls included (provenance.jsonl names
     the processor: other CPUs take other bfloat16 kernels). The run is killed while
     saving step 20: Orbax writes a step under a temporary name and renames it once
-    complete, so the kill leaves `20.orbax-checkpoint-tmp`, which the resume removes."""
+    complete, so the kill leaves `20.orbax-checkpoint-tmp`, which the resume removes.
+    The killed run is a copy of the straight one (training is deterministic: a second
+    run from step 0 writes the same step 10), so only the resume trains here."""
     config = tiny(data_dir, **{"model.dtype": dtype})
-    straight, interrupted = str(tmp_path / "a"), str(tmp_path / "b")
-    train.train_and_evaluate(config, straight)
-    train.train_and_evaluate(config, interrupted)
+    straight = finished(**{"model.dtype": dtype})  # trained from step 0 to 20 unbroken
+    interrupted = copy_of(straight, tmp_path)  # as if a second run, to be killed at step 20
     ckpts = os.path.join(interrupted, "checkpoints")
     os.rename(os.path.join(ckpts, "20"), os.path.join(ckpts, "20.orbax-checkpoint-tmp"))
     capsys.readouterr()
@@ -91,20 +117,19 @@ def test_resume_ends_with_exactly_the_same_parameters(data_dir, tmp_path, dtype,
         np.testing.assert_array_equal(x, y)
 
 
-def test_a_resume_under_other_code_says_so_in_one_line(data_dir, tmp_path, capsys):
-    config = tiny(data_dir, **{"train.num_steps": 10, "train.ckpt_every_steps": 5})
-    workdir = str(tmp_path)
-    train.train_and_evaluate(config, workdir)
+def test_a_resume_under_other_code_says_so_in_one_line(data_dir, tmp_path, capsys, finished):
+    config = tiny(data_dir)
+    workdir = copy_of(finished(), tmp_path)  # checkpoints at steps 10 and 20
     capsys.readouterr()
     with open(os.path.join(workdir, provenance.FILE), "a") as f:  # as if a later commit ran
-        f.write(json.dumps({"step": 5, "code": "abc1234", "jax": jax.__version__,
+        f.write(json.dumps({"step": 10, "code": "abc1234", "jax": jax.__version__,
                             "devices": provenance.devices()}) + "\n")  # fmt: skip
-    shutil.rmtree(os.path.join(workdir, "checkpoints", "10"))  # resumes at step 5
+    shutil.rmtree(os.path.join(workdir, "checkpoints", "20"))  # resumes at step 10
     train.train_and_evaluate(config, workdir)
     here = provenance.describe(provenance.code_version())
     warnings = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warning:")]
     assert warnings == [
-        f"warning: step 5 resumes under other code or devices than the run's last start "
+        f"warning: step 10 resumes under other code or devices than the run's last start "
         f"(code abc1234 -> {here}); provenance.jsonl keeps each"
     ]
     train.train_and_evaluate(config.copy_and_resolve_references(), workdir)  # done: no start
@@ -112,9 +137,10 @@ def test_a_resume_under_other_code_says_so_in_one_line(data_dir, tmp_path, capsy
 
 
 def test_sigterm_saves_and_the_rerun_matches_an_uninterrupted_run(data_dir, tmp_path):
-    # A step takes about a millisecond: 2000 steps leave the signal, sent as soon as the
-    # first step's line is printed, a second or more to land before the run ends.
-    steps = 2000
+    # A step takes about 4 ms here: 500 steps leave the signal, sent as soon as the first
+    # progress line (step 5) is printed, two seconds or more to land before the run ends.
+    # It lands within a step or two of the line (step 6 when measured).
+    steps = 500
     config = tiny(data_dir, **{"train.num_steps": steps, "train.ckpt_every_steps": steps})
     straight = str(tmp_path / "straight")
     train.train_and_evaluate(config, straight)
@@ -155,22 +181,19 @@ def _flat(config, prefix=""):
     return out
 
 
-def test_eval_restores_into_an_abstract_target_and_extrapolates(data_dir, tmp_path):
-    config = tiny(data_dir)
-    train.train_and_evaluate(config, str(tmp_path))
-    result = eval_lib.evaluate_checkpoint(str(tmp_path), seq_lens=[32, 64, 128], num_batches=2)
+def test_eval_restores_into_an_abstract_target_and_extrapolates(tmp_path, finished):
+    workdir = copy_of(finished(), tmp_path)
+    result = eval_lib.evaluate_checkpoint(workdir, seq_lens=[32, 64, 128], num_batches=2)
     assert result["step"] == 20
     assert [result[k]["tokens"] for k in ("32", "64", "128")] == [2 * 8 * t for t in (32, 64, 128)]
-    saved = json.load(open(tmp_path / "eval_20.json"))
+    saved = json.load(open(os.path.join(workdir, "eval_20.json")))
     assert saved["32"]["loss"] == pytest.approx(result["32"]["loss"])
     assert saved["32"]["perplexity"] == pytest.approx(np.exp(saved["32"]["loss"]), rel=1e-6)
     assert saved["code"] == provenance.describe(provenance.code_version()) and "code" not in result
 
 
-def test_damaged_and_mismatched_checkpoints_give_one_clear_line(data_dir, tmp_path):
-    config = tiny(data_dir)
-    workdir = str(tmp_path)
-    train.train_and_evaluate(config, workdir)
+def test_damaged_and_mismatched_checkpoints_give_one_clear_line(data_dir, tmp_path, finished):
+    workdir = copy_of(finished(), tmp_path)
     # Damage the newest step: every array file under it is truncated.
     for root, _, files in os.walk(os.path.join(workdir, "checkpoints", "20")):
         for name in files:
@@ -310,23 +333,21 @@ def test_batch_not_divisible_by_data_parallel_size_is_named(data_dir):
     harness.check_batch_fits_mesh(ok, FakeMesh())
 
 
-def test_a_run_resumes_and_trains_on_from_its_saved_config(data_dir, tmp_path):
+def test_a_run_resumes_and_trains_on_from_its_saved_config(tmp_path, finished):
     """configs/saved.py: the config a run saved, its overrides included, whatever the
     config files say today; `--config=<workdir>/config.json` names that flag."""
     from configs import saved
 
-    config = tiny(data_dir, **{"train.num_steps": 10, "train.ckpt_every_steps": 5})
-    workdir = str(tmp_path / "run")
-    train.train_and_evaluate(config, workdir)
+    workdir = copy_of(finished(), tmp_path)  # 20 steps, checkpoints at steps 10 and 20
     again = saved.get_config(workdir)
     assert (again.model.num_layers, again.model.embed_dim) == (1, 32)  # not the preset's 2, 128
-    again.train.num_steps = 15
+    again.train.num_steps = 25
     flag = f"--config=configs/saved.py:{workdir}"
-    with pytest.raises(checkpoint.CheckpointError, match=f"train.num_steps: 10 -> 15.*{flag}"):
+    with pytest.raises(checkpoint.CheckpointError, match=f"train.num_steps: 20 -> 25.*{flag}"):
         train.train_and_evaluate(again, workdir)
-    train.train_and_evaluate(again, workdir, allow_config_change=True)  # trains on from 10
-    assert checkpoint.Manager(workdir, read_only=True).steps() == [5, 10, 15]
-    assert saved.get_config(os.path.join(workdir, "config.json")).train.num_steps == 15
+    train.train_and_evaluate(again, workdir, allow_config_change=True)  # trains on from 20
+    assert checkpoint.Manager(workdir, read_only=True).steps() == [10, 20, 25]
+    assert saved.get_config(os.path.join(workdir, "config.json")).train.num_steps == 25
     proc = subprocess.run(
         [sys.executable, "train.py", f"--config={workdir}/config.json", f"--workdir={workdir}"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
