@@ -721,13 +721,15 @@ def test_a_run_trains_from_an_hf_checkpoint_and_exports_back(tmp_path, from_hf):
 
 @pytest.mark.slow
 def test_a_byte_level_run_exports_a_tokenizer_that_reimports(data_dir, tmp_path):
-    """The default byte-level run (no tokenizer/ in its workdir) trains 2 steps and
-    exports: the directory's tokenizer.json gives the run's byte ids, and the import
-    holds the run's logits."""
+    """The default byte-level run (no tokenizer/ in its workdir; a 1-layer D = 32 decoder)
+    trains 2 steps and exports: the directory's tokenizer.json gives the run's byte ids,
+    and the import holds the run's logits."""
     from rope_jax.data import tokenizers
 
     workdir = str(tmp_path / "run")
-    harness.train_and_evaluate(small_run(data_dir, **{"optim.warmup_steps": 1}), workdir)
+    small = {"model.num_layers": 1, "model.embed_dim": 32, "model.num_heads": 2,
+             "model.num_kv_heads": 1, "model.head_dim": 16, "model.mlp_dim": 64}  # fmt: skip
+    harness.train_and_evaluate(small_run(data_dir, **{"optim.warmup_steps": 1, **small}), workdir)
     assert runfiles.load_tokenizer(workdir).kind == "bytes"
     out = str(tmp_path / "hf")
     hf_run.export_run(workdir, out)

@@ -427,14 +427,12 @@ def test_the_plot_draws_the_training_loss_or_says_runs_were_too_short_for_curves
     assert not ax.lines and "runs too short for curves" in ax.texts[0].get_text()
 
 
-# The good row is the `vo` row of the real sweep below (same programs: the worker's
-# compilation cache compiles them once for both).
 DIVERGE = """from configs.lm import get_config  # noqa: F401
 
 
 def sweep(add):
     add(name="diverge", **{"optim.lr": 1e6})  # the loss is non-finite within 5 steps
-    add(name="good", **{"model.rope.sites": "vo"})
+    add(name="good", **{"optim.lr": 3e-3})
 """
 
 
