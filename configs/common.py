@@ -15,15 +15,18 @@ from rope_jax import defaults
 # Decoder shapes (LLaMA-like: RMSNorm, SwiGLU, grouped-query attention).
 #   tiny   trains at several steps/s on 2 CPU cores; tests and quick sweeps.
 #   small  a useful CPU/GPU model (9.6M parameters).
+#   l8     the CPU ladder's top rung (8 layers, D 256, T 256): ~50 min a run on 2 cores.
 #   1b     ~1B parameters (LLaMA-3.2-1B-like body, byte vocabulary): pods only.
 SIZES = {
     "tiny": defaults.SHAPE,
     "small": dict(num_layers=6, embed_dim=384, num_heads=6, num_kv_heads=2, head_dim=64,
                   mlp_dim=1024, seq_len=256, global_batch_size=32),
+    "l8": dict(num_layers=8, embed_dim=256, num_heads=4, num_kv_heads=2, head_dim=64,
+               mlp_dim=768, seq_len=256, global_batch_size=32),
     "1b": dict(num_layers=16, embed_dim=2048, num_heads=32, num_kv_heads=8, head_dim=64,
                mlp_dim=8192, seq_len=2048, global_batch_size=256),
 }  # fmt: skip
-LR = {"tiny": 3e-3, "small": 1e-3, "1b": 3e-4}  # peak learning rate per size
+LR = {"tiny": 3e-3, "small": 1e-3, "l8": 2e-3, "1b": 3e-4}  # peak learning rate per size
 
 
 def parse_arg(arg: str | None, **fields) -> ml_collections.ConfigDict:

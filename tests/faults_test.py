@@ -723,7 +723,11 @@ def main_modules() -> dict[str, ast.Module]:
     found = {}
     for path in glob.glob(os.path.join(ROOT, "rope_jax", "**", "*.py"), recursive=True):
         with open(path) as f:
-            tree = ast.parse(f.read())
+            text = f.read()
+        try:
+            tree = ast.parse(text)
+        except SystemError:  # CPython's spurious "AST constructor recursion depth mismatch"
+            tree = ast.parse(text)  # in a threaded process (python/cpython#106905): again
         if any(isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
                for node in tree.body):  # fmt: skip
             found[os.path.relpath(path, ROOT)] = tree
