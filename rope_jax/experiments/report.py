@@ -199,7 +199,37 @@ def render_markdown(report: dict) -> str:
         out += ["", "Adjacent pairs of our ranking (resolved: gap > sqrt(std_a² + std_b²)):"]
     out += pair_lines(pairs, "<", digits=4)
     out += _extrapolation_lines(rows, t, lens[-1]) if len(lens) > 1 else []
+    for task in task_names(report):
+        out += _task_lines(report, rows, task)
     return "\n".join(out + failed_lines(report)) + "\n"
+
+
+def task_names(report: dict) -> list[str]:
+    """The evaluation tasks besides loss that every finished run was scored on (eval.tasks:
+    passkey, RULER's), in the order the first run has them."""
+    runs = [r for row in finished_rows(report).values() for r in row["runs"]]
+    return [n for n in (runs[0].get("tasks") or {}) if all(n in r.get("tasks", {}) for r in runs)]
+
+
+def _task_lines(report: dict, rows: list[dict], task: str) -> list[str]:
+    """A table of `task`'s headline score per row and length (mean ± std over seeds, rows in
+    the loss ranking's order) and which adjacent pairs of its order at T the noise resolves."""
+    lens, t = report["seq_lens"], report["seq_lens"][0]
+    runs = {r["name"]: report["rows"][r["name"]]["runs"] for r in rows}
+    stat = lambda name, n: mean_std([run["tasks"][task][n] for run in runs[name]])
+    head = ["row", *(f"{task} @{n} ({int(n) // int(t)}T)" for n in lens)]
+    out = ["", f"`{task}` per length (its headline score, higher is better; mean ± std over "
+           "seeds):", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+    for r in rows:
+        cells = [_pm(stat(r["name"], n), "{:.2f}") if all(n in run["tasks"][task]
+                 for run in runs[r["name"]]) else "-" for n in lens]  # fmt: skip
+        out.append("| " + " | ".join([r["name"], *cells]) + " |")
+    at_t = {name: stat(name, t) for name in runs if all(t in x["tasks"][task] for x in runs[name])}
+    # on negated scores: the pair's "better" is the higher score, its gap positive
+    pairs = resolved_pairs({n: -m for n, (m, _) in at_t.items()},
+                           {n: sd for n, (_, sd) in at_t.items()})  # fmt: skip
+    out += ["", f"Adjacent pairs by `{task}` @{t} (resolved: gap > sqrt(std_a² + std_b²)):"]
+    return out + pair_lines(pairs, ">", digits=2)
 
 
 def _extrapolation_lines(rows: list[dict], t: str, last: str) -> list[str]:
@@ -426,10 +456,12 @@ def plot_splits(report: dict, path: str) -> None:
 
 def collect(run: Job) -> dict:
     """One run's numbers: final eval losses per length and its metric curves."""
-    from rope_jax.harness import metrics  # imports jax: not at the sweep's start
+    from rope_jax.harness import evals, metrics  # imports jax: not at the sweep's start
 
     with open(os.path.join(run.workdir, f"eval_{run.final_step}.json")) as f:
         saved = json.load(f)
+    named = [n for n in saved.get("settings", {}).get("tasks", []) if n != "loss"]
+    primary = {n: evals.TASKS[n].primary for n in named if n in evals.TASKS}
     records = metrics.read_jsonl(run.workdir)
     # A resumed run logs again the steps after its checkpoint: keep the last value.
     curve = lambda key: sorted({r["step"]: r[key] for r in records if key in r}.items())
@@ -440,6 +472,8 @@ def collect(run: Job) -> dict:
             "devices": provenance.seen(run.workdir, "devices"),
             "accuracy": {s: saved[s].get("answer_accuracy") for s in run.splits},
             "metrics": {s: saved[s] for s in run.splits},
+            "tasks": {n: {key: saved[key][m] for key in columns(run) if m in saved[key]}
+                      for n, m in primary.items()},  # each task's headline score per length
             "eval_curve": curve("eval/loss"), "train_curve": curve("loss")}  # fmt: skip
 
 
