@@ -500,7 +500,7 @@ def test_a_task_of_eval_tasks_gets_its_score_per_length_in_the_table(tmp_path):
 
     rows = {"qk": [run(0, 1.8, [0.2, 0.0]), run(1, 1.9, [0.4, 0.1])],  # 0.30 ± 0.14 at T
             "vo": [run(0, 2.0, [0.9, 0.5]), run(1, 2.1, [1.0, 0.3])],  # 0.95 ± 0.07
-            "k": [run(0, 2.2, [0.5, 0.0]), run(1, 2.3, [0.3, 0.0])]}  # 0.40 ± 0.14
+            "k": [run(0, 2.2, [0.5, 0.0]), run(1, 2.3, [0.3, 0.0])]}  # 0.40 ± 0.14  # fmt: skip
     report = {"config": "c.py", "title": "", "command": "x", "date": "d", "jax": "0",
               "device": "cpu", "settings": {}, "seeds": [0, 1], "seq_lens": ["32", "64"],
               "eval_split": "validation", "article_loss": None,
