@@ -340,7 +340,8 @@ def test_a_bad_size_or_an_out_that_cannot_be_written_stops_a_benchmark_before_it
     """Both were tracebacks; an --out under a file came after the whole measurement."""
     (tmp_path / "file").write_text("")
     for script, flag, message in [
-        ("matmul_bench", "--size=bogus", "argument --size: 'bogus' is not one of tiny, small, l8, 1b"),
+        ("matmul_bench", "--size=bogus",
+         "argument --size: 'bogus' is not one of tiny, small, l8, 1b"),
         ("rotary_bench", f"--out={tmp_path}/file/page.md",
          f"argument --out: {tmp_path}/file/page.md: {tmp_path}/file is not a writable directory"),
         ("compile_threads", "--out=x.md", "unrecognized arguments: --out=x.md"),  # it ran anyway
