@@ -216,15 +216,19 @@ def _task_lines(report: dict, rows: list[dict], task: str) -> list[str]:
     the loss ranking's order) and which adjacent pairs of its order at T the noise resolves."""
     lens, t = report["seq_lens"], report["seq_lens"][0]
     runs = {r["name"]: report["rows"][r["name"]]["runs"] for r in rows}
-    stat = lambda name, n: mean_std([run["tasks"][task][n] for run in runs[name]])
+
+    def stat(name: str, n: str) -> tuple | None:  # None where a run was not scored at n
+        values = [run["tasks"][task].get(n) for run in runs[name]]
+        return None if None in values else mean_std(values)
+
+    stats = {name: {n: stat(name, n) for n in lens} for name in runs}
     head = ["row", *(f"{task} @{n} ({int(n) // int(t)}T)" for n in lens)]
     out = ["", f"`{task}` per length (its headline score, higher is better; mean ± std over "
            "seeds):", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
-    for r in rows:
-        cells = [_pm(stat(r["name"], n), "{:.2f}") if all(n in run["tasks"][task]
-                 for run in runs[r["name"]]) else "-" for n in lens]  # fmt: skip
-        out.append("| " + " | ".join([r["name"], *cells]) + " |")
-    at_t = {name: stat(name, t) for name in runs if all(t in x["tasks"][task] for x in runs[name])}
+    for name, by_len in stats.items():
+        cells = [_pm(by_len[n], "{:.2f}") if by_len[n] else "-" for n in lens]
+        out.append("| " + " | ".join([name, *cells]) + " |")
+    at_t = {name: by_len[t] for name, by_len in stats.items() if by_len[t]}
     # on negated scores: the pair's "better" is the higher score, its gap positive
     pairs = resolved_pairs({n: -m for n, (m, _) in at_t.items()},
                            {n: sd for n, (_, sd) in at_t.items()})  # fmt: skip
