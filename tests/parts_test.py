@@ -123,3 +123,17 @@ def test_a_row_whose_runs_all_failed_is_shown_as_failed(sweep, tmp_path):
     assert result["parts"]["all"]["ranks"] == {"qk": 1, "nope": 2}
     lines = [x for x in (tmp_path / "parts.md").read_text().splitlines() if x.startswith("| vo")]
     assert lines == ["| vo (2) | failed | failed | failed |"] * 2  # "all" and "code"
+
+
+def test_runs_moved_to_another_directory_are_found_by_the_sweeps_workdir(sweep, tmp_path):
+    path, data_dir = sweep
+    (tmp_path / "runs").rename(tmp_path / "moved")  # another machine, another checkout
+    out = tmp_path / "parts"
+    flags = [f"--sweep={path}", "--data=code", f"--data_dir={data_dir}", f"--out={out}"]
+    with pytest.raises(SystemExit, match=r"runs/qk/seed_0 is not there \(6 missing\); --workdir"):
+        parts.main(flags)
+    parts.main([*flags, f"--workdir={tmp_path / 'moved'}"])
+    result = json.loads((tmp_path / "parts.json").read_text())
+    assert result["parts"]["code"]["ranks"] == {"qk": 1, "vo": 2, "nope": 3}
+    with pytest.raises(SystemExit, match=r"elsewhere/qk/seed_0 is not there \(6 missing\)$"):
+        parts.main([*flags, f"--workdir={tmp_path / 'elsewhere'}"])

@@ -6,7 +6,8 @@ each part of a corpus.
       --data=linux8k_tables,linux8k_docs,linux8k_code --data_dir=~/rope_data \
       --out=results/research/vo_rope_ladder_L8_D256_linux8k_parts
 
-Every run of the sweep (its <results>.json names each run's workdir and final step) is
+Every run of the sweep (its <results>.json names each run's workdir and final step, or
+--workdir=DIR, the sweep's --workdir where its runs are on this machine, names them) is
 evaluated on each --data dataset (`eval.py --data`: the same checkpoint on another
 prepared dataset with the run's tokenizer, e.g. one part of the training corpus
 prepared from a selection of its source, docs/data.md) at --seq_lens (default T and 4T),
@@ -27,7 +28,7 @@ import sys
 import time
 
 from rope_jax import signals
-from rope_jax.experiments.plan import repeated
+from rope_jax.experiments.plan import repeated, run_dir
 from rope_jax.experiments.report import (
     check_out,
     evaluated,
@@ -46,15 +47,21 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--sweep", required=True, help="a sweep's <results>.json")
     p.add_argument("--data", required=True, help="comma-separated prepared dataset names")
     p.add_argument("--data_dir", default=None, help="their parent directory (default: the runs')")
+    p.add_argument("--workdir", default=None,
+                   help="the sweep's --workdir where its runs are on this machine "
+                        "(default: the run directories its results file names)")  # fmt: skip
     p.add_argument("--seq_lens", default="", help="lengths to score (default: T and 4T)")
     p.add_argument("--num_batches", type=int, default=None, help="default: the runs' own")
     p.add_argument("--out", required=True, help="output prefix: <out>.md, <out>.json")
     return p.parse_args(argv)
 
 
-def runs_of(report: dict) -> list[dict]:
-    """[{row, seed, workdir, step}] of every run in a sweep report."""
-    return [{"row": row, "seed": run["seed"], "workdir": run["workdir"], "step": run["step"]}
+def runs_of(report: dict, workdir: str | None = None) -> list[dict]:
+    """[{row, seed, workdir, step}] of every run in a sweep report; with `workdir` (the
+    sweep's --workdir, wherever its runs are now) each run is looked for where that sweep
+    trains it, not at the directory the results file recorded."""
+    return [{"row": row, "seed": run["seed"], "step": run["step"],
+             "workdir": run["workdir"] if workdir is None else run_dir(workdir, row, run["seed"])}
             for row, entry in report["rows"].items() for run in entry["runs"]]  # fmt: skip
 
 
@@ -71,16 +78,20 @@ def check_flags(args, names: list[str], lengths: list[int]) -> str | None:
     return None
 
 
-def problem(report: dict, names: list[str], data_dir: str | None) -> str | None:
+def problem(
+    report: dict, names: list[str], data_dir: str | None, workdir: str | None = None
+) -> str | None:
     """One line naming what would stop the evaluations, before any starts, or None."""
-    missing = [r["workdir"] for r in runs_of(report) if not os.path.isdir(r["workdir"])]
+    runs = runs_of(report, workdir)
+    missing = [r["workdir"] for r in runs if not os.path.isdir(r["workdir"])]
     if missing:
-        return f"the sweep's run {missing[0]} is not there ({len(missing)} missing)"
+        hint = "" if workdir else "; --workdir=DIR names the sweep's --workdir on this machine"
+        return f"the sweep's run {missing[0]} is not there ({len(missing)} missing){hint}"
     if data_dir is None:  # the runs' own, as eval.py --data reads it
         from rope_jax.data import sources
         from rope_jax.harness import runfiles
 
-        data_dir = sources.root_dir(runfiles.load_config(runs_of(report)[0]["workdir"]).data)
+        data_dir = sources.root_dir(runfiles.load_config(runs[0]["workdir"]).data)
     for name in names:
         if not os.path.isfile(os.path.join(os.path.expanduser(data_dir), name, "metadata.json")):
             return (f"--data={name}: no prepared dataset {name} in {data_dir} "
@@ -187,10 +198,10 @@ def main(argv=None) -> None:
         lengths = [int(n) for n in args.seq_lens.split(",") if n] or [t, 4 * t]
     except ValueError:
         lengths = [0]
-    why = check_flags(args, names, lengths) or problem(report, names, args.data_dir)
+    why = check_flags(args, names, lengths) or problem(report, names, args.data_dir, args.workdir)
     if why:
         sys.exit(f"error: {why}")
-    runs = runs_of(report)
+    runs = runs_of(report, args.workdir)
     try:
         evaluate(runs, names, args, lengths)
     except ValueError as e:  # a tokenizer that is not the runs', a damaged checkpoint, ...

@@ -26,6 +26,13 @@ SETTINGS = ("model.num_layers", "model.embed_dim", "model.num_heads", "model.num
             "data.global_batch_size", "train.num_steps", "optim.lr")  # fmt: skip
 # Settings shown only when they differ from the default (so older results still match).
 OPTIONAL_SETTINGS = {"data.tokenizer": "", "data.packing": "stream"}
+
+
+def run_dir(workdir: str, row: str, seed: int) -> str:
+    """Where a sweep whose --workdir is `workdir` trains row `row`, seed `seed`."""
+    return os.path.abspath(os.path.join(workdir, row, f"seed_{seed}"))
+
+
 # One training job: train.py arguments, the step it ends at, eval lengths (T first).
 # splits: held-out splits eval.py scores at T (config eval.splits; multimodal data).
 Job = collections.namedtuple("Job", "row seed workdir flags final_step seq_lens splits")
@@ -205,7 +212,7 @@ def plan(args) -> tuple[list[Job], dict]:
         lens = [t] if splits else [t, *sorted({t * m for m in mults if m > 1})]
         flags = [f"--config.{k}={flag_value(v)}" for k, v in {**sets, **overrides}.items()]
         for seed in range(args.seeds):
-            workdir = os.path.abspath(os.path.join(args.workdir, row, f"seed_{seed}"))
+            workdir = run_dir(args.workdir, row, seed)
             head = [f"--config={config_arg}", f"--workdir={workdir}", f"--config.seed={seed}"]
             seeded = [f.replace(SEED_FIELD, str(seed)) for f in flags]
             runs.append(Job(row, seed, workdir, head + seeded, config.train.num_steps, lens,
