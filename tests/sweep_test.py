@@ -102,8 +102,10 @@ def test_one_seed_table_says_std_is_na_and_rows_outside_the_article_get_a_dash(t
     assert "| row | sites or overrides | loss @32 (T) mean ± std | loss @64 (2T) mean ± std |" in md
     assert "| a | `model.rope.base=1` | 3.0000 ± n/a | 4.0000 ± n/a | 1 | 2.000 | 2 |" in md
     assert "| new | `model.rope.base=3` | 3.2000 ± n/a | 4.2000 ± n/a | 2 | — | — |" in md
-    assert "one seed, so std is n/a" in md and "over the 2 rows in both: -1.000" in md
+    assert "mean of one seed, so std is n/a" in md and "over the 2 rows in both: -1.000" in md
     assert "- a < new: gap 0.2000, n/a (one seed)" in md
+    del report["rows"]["a"], report["rows"]["b"]  # no row of the article's: no tau line
+    assert "Kendall tau" not in report_lib.render_markdown(report)
     report_lib.plot(report, str(tmp_path / "one_seed.png"))  # no error bars to draw: no crash
     assert (tmp_path / "one_seed.png").stat().st_size > 10_000
 
