@@ -177,7 +177,7 @@ def make_plan(args) -> tuple[list[Case], dict]:
         if tasks and row == rows[0]:  # the tasks fit every length, before anything trains
             _check_tasks(config, tasks, lengths)
         for seed in range(args.seeds):
-            root = os.path.abspath(os.path.join(args.workdir, row, f"seed_{seed}"))
+            root = plan.run_dir(args.workdir, row, seed)
             head = (f"--config={config_arg}", f"--config.seed={seed}")
             base_dir = os.path.join(root, "base")
             base_flags = (*head, f"--workdir={base_dir}", *_flags(overrides))
