@@ -250,6 +250,41 @@ def test_a_second_sweep_on_a_workdir_in_use_stops_at_once_naming_the_first(tmp_p
     assert not workdir.exists()  # nothing started; the lock's file and empty dir are gone
 
 
+def test_report_only_tabulates_the_finished_runs_while_a_sweep_holds_the_workdir(tmp_path, capsys):
+    """Three of four runs done (eval json of the final step), the fourth started: the
+    table has them, says it is partial, names the fourth; the lock of the running sweep
+    does not stop it, and nothing trains."""
+    workdir = tmp_path / "runs"
+    argv = ["--config=configs/lm.py:size=tiny", f"--workdir={workdir}", "--seeds=2",
+            "--rows=nope,vo", f"--results={tmp_path}/table", "--set", TINY,
+            "--report_only"]  # fmt: skip
+    message, _, _, _ = _main(argv, capsys)
+    assert message == ("error: no run of the 4 planned has finished yet, so there is no table "
+                       "to write (--status lists them)")  # fmt: skip
+    assert not (tmp_path / "table.md").exists()
+    for k, (row, seed) in enumerate(RUNS[:3]):
+        run = workdir / row / f"seed_{seed}"
+        run.mkdir(parents=True)
+        loss = 2.0 + k / 10
+        evals = {t: {"loss": loss + i / 10} for i, t in enumerate(("32", "64", "128"))}
+        (run / "eval_10.json").write_text(json.dumps({"step": 10, **evals}))
+    (workdir / "vo" / "seed_1").mkdir()
+    with workdir_lib.Lock(str(workdir)):  # the sweep, still training vo seed 1
+        message, out, _, _ = _main(argv, capsys)
+    assert message is None, message
+    assert out.strip().endswith("table.json (3 of 4 runs finished)") and "[1/" not in out
+    md = (tmp_path / "table.md").read_text()
+    report = json.loads((tmp_path / "table.json").read_text())
+    assert md == report_lib.render_markdown(report)
+    assert report["rows"]["vo"]["pending"] == [{"seed": 1, "state": "partial"}]
+    assert "**Partial:** written while the sweep goes on, from the 3 runs finished; 1 not" in md
+    lines = {ln.split(" | ")[0]: ln for ln in md.splitlines() if ln.startswith("| ")}
+    assert lines["| nope"].startswith("| nope | NoPE | 2 of 2 | 2.1000 ± 0.1414 |")
+    assert lines["| vo"].startswith("| vo | `vo` | 1 of 2 | 2.1000 ± n/a |")
+    assert md.rstrip().endswith("- vo seed 1: started")
+    assert sorted(os.listdir(workdir / "vo" / "seed_1")) == []  # nothing trained it
+
+
 @pytest.mark.slow
 def test_the_command_line_exits_non_zero_with_one_line(tmp_path):
     cmd = [sys.executable, "-m", "rope_jax.experiments.sweep", "--config=configs/lm.py",
@@ -400,6 +435,18 @@ def test_a_table_names_each_failed_run_and_averages_finished_seeds_only(tmp_path
     bars = saved[0].axes[0]
     assert [t.get_text() for t in bars.get_xticklabels()] == ["good", "half"]
     assert "bad" in bars.get_xlabel()
+
+
+def test_a_row_with_no_finished_run_yet_reads_not_finished_not_failed():
+    report = failed_report()
+    report["rows"]["later"] = {"overrides": {"model.rope.sites": "k"}, "runs": [],
+                               "pending": [{"seed": 0, "state": "partial"},
+                                           {"seed": 1, "state": "new"}]}  # fmt: skip
+    md = report_lib.render_markdown(report)
+    assert "| later | `k` | 0 of 2 | not finished | not finished | not finished |" in md
+    assert "| bad | NoPE | 0 of 2 | failed |" in md
+    assert "Not finished when this page was written (2 of 8 runs;" in md
+    assert md.rstrip().endswith("- later seed 0: started\n- later seed 1: not started")
 
 
 def _curves_panel(report, tmp_path, monkeypatch):
@@ -619,6 +666,13 @@ def test_an_interrupted_run_alone_is_redone_and_resumes(swept, tmp_path, capsys)
     message, out, _, _ = _main([*swept["argv"](workdir), "--dry_run"], capsys)
     assert message is None and "3 done, 1 partial, 0 new" in out
     assert not (workdir / "vo" / "seed_1" / "eval_10.json").exists()
+
+    message, out, _, _ = _main([*swept["argv"](workdir), "--report_only"], capsys)
+    assert message is None and "(3 of 4 runs finished)" in out, message
+    partial = json.loads((workdir / "out" / "table.json").read_text())
+    assert [r["seed"] for r in partial["rows"]["vo"]["runs"]] == [0]
+    assert partial["rows"]["vo"]["pending"] == [{"seed": 1, "state": "partial"}]
+    assert _snapshot(workdir) == before  # nothing trained
 
     message, out, _, _ = _main(swept["argv"](workdir), capsys)
     assert message is None, message

@@ -131,7 +131,20 @@ def header(report: dict) -> list[str]:
     return [f"# Sweep: {report['config']}", "", *([report["title"], ""] if report["title"] else []),
             f"Command: `{provenance.portable(report['command'])}`", "",
             f"Date: {report['date']}; jax {report['jax']}; device: {report['device']}{code}.", "",
-            f"Settings: {settings}; seeds: {seeds}.", ""]  # fmt: skip
+            f"Settings: {settings}; seeds: {seeds}.", "", *partial_line(report)]  # fmt: skip
+
+
+def partial_line(report: dict) -> list[str]:
+    """A page written while its sweep goes on says so at the top."""
+    pending = pending_runs(report)
+    if not pending:
+        return []
+    done = sum(len(row["runs"]) for row in report["rows"].values())
+    return [
+        f"**Partial:** written while the sweep goes on, from the {done} runs finished; "
+        f"{len(pending)} not finished are listed at the end.",
+        "",
+    ]
 
 
 def render_markdown(report: dict) -> str:
@@ -142,8 +155,8 @@ def render_markdown(report: dict) -> str:
     sites_only = lambda over: set(over) == {"model.rope.sites"}
     what = "sites" if all(sites_only(r["overrides"]) for r in rows) else "sites or overrides"
     by_bytes = tokenizers_differ(report) and all(r["bpb"] for r in rows)
-    failed = failed_runs(report)  # then each row's seeds, and rows with none finished
-    head = ["row", what, *(["seeds"] if failed else []), f"loss @{t} (T) mean ± std"]
+    incomplete = failed_runs(report) or pending_runs(report)  # each row's seeds then
+    head = ["row", what, *(["seeds"] if incomplete else []), f"loss @{t} (T) mean ± std"]
     head += [f"bits/byte @{t} mean ± std"] if by_bytes else []
     head += [f"loss @{s} ({int(s) // int(t)}T) mean ± std" for s in lens[1:]] + ["rank"]
     # KV-cache bytes per token, shown when rows differ in it (tied vs separate K/V, ...).
@@ -157,7 +170,7 @@ def render_markdown(report: dict) -> str:
         what = ", ".join(f"`{k}={v}`" for k, v in r["overrides"].items()) or "(base)"
         if sites_only(r["overrides"]):
             what = f"`{r['overrides']['model.rope.sites']}`".replace("``", "NoPE")
-        cells = [r["name"], what, *([seed_count(report, r["name"])] if failed else []),
+        cells = [r["name"], what, *([seed_count(report, r["name"])] if incomplete else []),
                  _pm((mean, std), "{:.4f}")]  # fmt: skip
         cells += [_pm(r["bpb"], "{:.4f}")] if by_bytes else []
         cells += [_pm(r["stats"][s], "{:.4f}") for s in lens[1:]] + [str(r["rank"])]
@@ -166,18 +179,18 @@ def render_markdown(report: dict) -> str:
             has = r["article"] is not None
             cells += [f"{r['article']:.3f}" if has else "—", str(r["article_rank"] or "—")]
         out.append("| " + " | ".join(cells) + " |")
-    for name, row in report["rows"].items():  # no finished run: failed, never a number
+    for name, row in report["rows"].items():  # no finished run: never a number
         if not row["runs"]:
             what = ", ".join(f"`{k}={v}`" for k, v in row["overrides"].items()) or "(base)"
             if sites_only(row["overrides"]):
                 what = f"`{row['overrides']['model.rope.sites']}`".replace("``", "NoPE")
-            n = len(head) - 3
-            out.append(f"| {name} | {what} | 0 of {n_seeds} | " + " | ".join(["failed"] * n)
-                       + " |")  # fmt: skip
+            word = "failed" if row.get("failed") else "not finished"
+            out.append(f"| {name} | {what} | 0 of {n_seeds} | "
+                       + " | ".join([word] * (len(head) - 3)) + " |")  # fmt: skip
     step = report["rows"][rows[0]["name"]]["runs"][0]["step"]
     spread = (f"± sample std (ddof=1) over {n_seeds} seeds" if n_seeds > 1 else
               "of one seed, so std is n/a and no gap can be judged against seed noise")  # fmt: skip
-    if failed:
+    if incomplete:
         spread = ("± sample std (ddof=1) over each row's finished seeds (seeds column; n/a "
                   "for one)")  # fmt: skip
     out += ["", f"Loss: held-out `{report['eval_split']}` cross-entropy (nats/token) after step "
@@ -201,7 +214,7 @@ def render_markdown(report: dict) -> str:
     out += _extrapolation_lines(rows, t, lens[-1]) if len(lens) > 1 else []
     for task in task_names(report):
         out += _task_lines(report, rows, task)
-    return "\n".join(out + failed_lines(report)) + "\n"
+    return "\n".join(out + failed_lines(report) + pending_lines(report)) + "\n"
 
 
 def task_names(report: dict) -> list[str]:
@@ -300,7 +313,7 @@ def plot(report: dict, path: str) -> None:
     bars.tick_params(axis="x", labelrotation=30, labelsize=8)
     failed = [name for name, row in report["rows"].items() if not row["runs"]]
     if failed:
-        bars.set_xlabel(f"failed (no finished run): {', '.join(failed)}", color="tab:red")
+        bars.set_xlabel(f"no finished run: {', '.join(failed)}", color="tab:red")
     draw_curves(curves, report, rows, colours)
     fig.suptitle(report["config"])
     fig.tight_layout()
@@ -412,7 +425,7 @@ def render_splits_markdown(report: dict) -> str:
             f"for every run; `{splits[0]}` has the training grid shapes on unseen digits, the "
             "others change one thing each. Rank 1 = highest accuracy on "
             f"`{splits[0]}`."]  # fmt: skip
-    out += failed_lines(report)
+    out += failed_lines(report) + pending_lines(report)
     for label, key in (
         (splits[0], lambda r: r["acc"][splits[0]]),
         (general, lambda r: r["general"]),
@@ -559,10 +572,12 @@ def save_figure(fig, path: str, dpi: int) -> None:
 
 
 def write_report(runs: list[Job], context: dict, argv, results: str,
-                 failed: list[dict] = ()) -> dict:  # fmt: skip
+                 failed: list[dict] = (), pending: list[dict] = ()) -> dict:  # fmt: skip
     """Collects the finished `runs` into <results>.json, then writes <results>.md and
     .png. Every planned row is in it; a failed run (`failures`) is listed in its row's
-    "failed" (seed, reason, log) and left out of the means."""
+    "failed" (seed, reason, log), a run not finished yet (`pending`: row, seed, state;
+    a table written while the sweep goes on) in its "pending"; both are left out of the
+    means."""
     import jax
 
     rows = {r: {"overrides": o, "runs": []} for r, o in context["overrides"].items()}
@@ -572,6 +587,8 @@ def write_report(runs: list[Job], context: dict, argv, results: str,
         rows[f["row"]].setdefault("failed", []).append(
             {"seed": f["seed"], "reason": f["reason"], "log": f["log"],
              "failures": f.get("failures", 1)})  # fmt: skip
+    for p in sorted(pending, key=lambda p: (p["seed"], p["row"])):
+        rows[p["row"]].setdefault("pending", []).append({"seed": p["seed"], "state": p["state"]})
     report = dict(context, command=format_command(argv), jax=jax.__version__, rows=rows,
                   date=datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
                   **provenance_of([run.workdir for run in runs], context.get("device")),
@@ -610,6 +627,29 @@ def failed_lines(report: dict) -> list[str]:
     for f in failed:
         times = "" if f.get("failures", 1) == 1 else f" (failed {f['failures']} times)"
         out.append(f"- {f['row']} seed {f['seed']}{times}: {f['reason']} (log: `{f['log']}`)")
+    return out
+
+
+def pending_runs(report: dict) -> list[dict]:
+    """Every run a report was written without because it had not finished yet: {row,
+    seed, state}, seed by seed."""
+    rows = report["rows"].items()
+    out = [dict(p, row=name) for name, row in rows for p in row.get("pending", [])]
+    return sorted(out, key=lambda p: (p["seed"], p["row"]))
+
+
+def pending_lines(report: dict) -> list[str]:
+    """The page's list of runs not finished when it was written (none: no lines)."""
+    pending = pending_runs(report)
+    if not pending:
+        return []
+    total = sum(len(row["runs"]) + len(row.get("failed", [])) + len(row.get("pending", []))
+                for row in report["rows"].values())  # fmt: skip
+    out = ["", f"Not finished when this page was written ({len(pending)} of {total} runs; not "
+           "in the numbers above, each row's mean is over its finished seeds; the sweep's "
+           "command trains them and writes the whole table):", ""]  # fmt: skip
+    state = {"partial": "started", "new": "not started"}
+    out += [f"- {p['row']} seed {p['seed']}: {state.get(p['state'], p['state'])}" for p in pending]
     return out
 
 

@@ -19,6 +19,7 @@ each row's mean over its finished seeds, every failed run named with its reason 
 log; then the sweep exits 1, its last line saying how many failed. The same command
 again runs a failed run again while it has failed at most --retries times (1);
 --skip_failed runs none; --status lists every run with each failure's reason.
+--report_only writes the table of the runs finished so far, while a sweep goes on.
 
 Runs share the compilation cache <workdir>/jax_cache unless JAX_COMPILATION_CACHE_DIR
 is set. Writes <results>.md (table), <results>.png (bars + validation curves, or the
@@ -120,6 +121,10 @@ def parse_args(argv):
         action="store_true",
         help="run no failed run again: write the table from the finished runs",
     )
+    p.add_argument("--report_only", action="store_true",
+                   help="write <results>.* now from the runs finished so far (the others "
+                        "listed as not finished), then exit: trains nothing, and a sweep "
+                        "running on the workdir goes on")  # fmt: skip
     p.add_argument("--status", action="store_true", default=None,
                    help="print every run's status (failed runs with their reason and log), "
                         "then exit")  # fmt: skip
@@ -148,6 +153,8 @@ def main(argv=None) -> None:
             slurm.print_status(runs, args)
         elif args.status:
             print_plan(runs)
+        elif args.report_only:
+            report_so_far(runs, context, args, argv)
         else:
             sweep(runs, context, args, argv)
     except SweepError as e:
@@ -175,9 +182,9 @@ def print_plan(runs) -> None:
     print("{} runs: {} done, {} partial, {} new, {} failed".format(len(runs), *counts))
 
 
-def sweep(runs, context: dict, args, argv) -> None:
-    """Runs (local) or submits (slurm) what is not done; writes the table once every
-    run is done."""
+def results_of(runs, context: dict, args) -> str:
+    """The --results prefix, once checked: no other plan's report under it (unless
+    --overwrite), and a directory that takes the files."""
     results = args.results or os.path.join(args.workdir, "results")
     if not args.overwrite:
         check_results(results, runs, context)  # before any run: nothing is lost
@@ -185,6 +192,34 @@ def sweep(runs, context: dict, args, argv) -> None:
         check_out(results, "--results")
     except workdir_lib.WorkdirError as e:
         raise SweepError(str(e)) from None
+    return results
+
+
+def report_so_far(runs, context: dict, args, argv) -> None:
+    """--report_only: the table of the runs finished so far, naming each failed one and
+    each not finished; no lock (a running sweep holds it and writes the whole table)."""
+    results = results_of(runs, context, args)
+    states = [(run, status(run)) for run in runs]  # once: a run may finish meanwhile
+    finished = [run for run, state in states if state == "done"]
+    if not finished:
+        raise SweepError(f"no run of the {len(runs)} planned has finished yet, so there is "
+                         "no table to write (--status lists them)")  # fmt: skip
+    gone = {"reason": "failed (its record was removed meanwhile)", "log": ""}
+    failed = [dict(failures.read(run.workdir) or gone, row=run.row, seed=run.seed)
+              for run, state in states if state == "failed"]  # fmt: skip
+    pending = [{"row": run.row, "seed": run.seed, "state": state} for run, state in states
+               if state in ("partial", "new")]  # fmt: skip
+    write_report(finished, context, argv, results, failed=failed, pending=pending)
+    print(
+        f"wrote {results}.md, {results}.png, {results}.json ({len(finished)} of {len(runs)} "
+        "runs finished)"
+    )
+
+
+def sweep(runs, context: dict, args, argv) -> None:
+    """Runs (local) or submits (slurm) what is not done; writes the table once every
+    run is done."""
+    results = results_of(runs, context, args)
     lock = workdir_lib.Lock(args.workdir)  # one sweep (or submission) per workdir
     try:
         lock.acquire()
