@@ -277,6 +277,7 @@ def test_report_only_tabulates_the_finished_runs_while_a_sweep_holds_the_workdir
     report = json.loads((tmp_path / "table.json").read_text())
     assert md == report_lib.render_markdown(report)
     assert report["rows"]["vo"]["pending"] == [{"seed": 1, "state": "partial"}]
+    assert "--rows=nope,vo" in report["command"] and "--report_only" not in report["command"]
     assert "**Partial:** written while the sweep goes on, from the 3 runs finished; 1 not" in md
     lines = {ln.split(" | ")[0]: ln for ln in md.splitlines() if ln.startswith("| ")}
     assert lines["| nope"].startswith("| nope | NoPE | 2 of 2 | 2.1000 ± 0.1414 |")

@@ -209,7 +209,8 @@ def report_so_far(runs, context: dict, args, argv) -> None:
               for run, state in states if state == "failed"]  # fmt: skip
     pending = [{"row": run.row, "seed": run.seed, "state": state} for run, state in states
                if state in ("partial", "new")]  # fmt: skip
-    write_report(finished, context, argv, results, failed=failed, pending=pending)
+    command = [a for a in argv if a != "--report_only"]  # the one that trains the rest
+    write_report(finished, context, command, results, failed=failed, pending=pending)
     print(
         f"wrote {results}.md, {results}.png, {results}.json ({len(finished)} of {len(runs)} "
         "runs finished)"
