@@ -210,6 +210,39 @@ def test_a_task_added_to_a_finished_experiment_evaluates_its_runs_again(tmp_path
     assert ce._done(case, {**meta, "tasks": ["vt"]})
 
 
+def test_report_only_writes_the_cases_evaluated_so_far_and_names_the_rest(tmp_path, capsys):
+    """Two of qk's six cases (seed 0, rule none, as trained; and fine-tuned) evaluated:
+    the page is marked partial, has their cells with a seeds column, lists the four not
+    done; nothing trains; with none evaluated, one line."""
+    out = tmp_path / "out" / "ctx"
+    argv = [f"--workdir={tmp_path / 'runs'}", f"--set={TINY}", "--rows=qk", "--seeds=2",
+            "--rules=none,yarn", "--passkey=0", f"--out={out}", "--report_only"]  # fmt: skip
+    assert ce.main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: none of the 8 cases is evaluated yet, so there is nothing to write"
+    )
+    cases, meta = ce.make_plan(ce.parse_args(argv))
+    for case in cases[:2]:
+        os.makedirs(case.workdir, exist_ok=True)
+        evals = {str(n): {"loss": 2.0 + n / 1000} for n in meta["lengths"]}
+        with open(case.eval_path, "w") as f:
+            json.dump(evals, f)
+    assert ce.main(argv) == 0, capsys.readouterr().err
+    page, result = (
+        out.with_suffix(".md").read_text(),
+        json.loads(out.with_suffix(".json").read_text()),
+    )
+    assert "--report_only" not in result["command"] and "--rows=qk" in result["command"]
+    assert "**Partial:** written while the experiment goes on, from 2 of 8 cases evaluated" in page
+    assert "| qk | none | no | 1 of 2 | 2.072 | 2.144 | 2.288 | 2.576 |" in page
+    assert "| qk | none | yes | 1 of 2 | 2.072 |" in page
+    assert len(result["cells"]) == 2 and result["planned"] == 8
+    assert result["pending"][0] == "qk seed=0 rule=yarn as trained"
+    assert page.rstrip().endswith("- qk seed=1 rule=yarn fine-tuned")
+    assert sorted(os.listdir(tmp_path / "runs" / "qk")) == ["seed_0"]  # nothing trained
+    assert sorted(os.listdir(tmp_path / "runs" / "qk" / "seed_0" / "base")) == ["eval_4_none.json"]
+
+
 def _niah_result() -> dict:
     """Rows a, b, c at T = 10, two seeds each, as trained under `none` (and a fine-tuned a):
     a's seed 0 learned the task, seed 1 did not; b learned it in both; c in neither."""

@@ -24,7 +24,8 @@ tasks, `harness.evals`: e.g. niah_single_1,vt, answered by greedy decoding) --ex
 examples of each; train them with `--set data.synthetic_tasks=...` (docs/evaluation.md).
 Training runs in subprocesses (resumable, killable); a finished stage is skipped, so the
 same command continues an interrupted experiment. Writes <out>.json (every number), <out>.md (the
-table, the command, and verdicts on the published claims) and <out>.png.
+table, the command, and verdicts on the published claims) and <out>.png; --report_only
+writes them from the cells evaluated so far, while the experiment goes on.
 """
 
 from __future__ import annotations
@@ -139,6 +140,9 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--examples", type=int, default=None,
                    help="examples per length of --tasks (default --passkey's, or 50)")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--report_only", action="store_true",
+                   help="write --out now from the cells evaluated so far (the others listed "
+                        "as not done), then exit: trains and evaluates nothing")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -368,6 +372,19 @@ def collect(cases: list[Case], meta: dict) -> dict:
     return {**meta, "runs": runs, "cells": cells, **report.provenance_of(workdirs)}
 
 
+def collect_so_far(cases: list[Case], meta: dict) -> dict:
+    """--report_only: `collect` of the cases evaluated so far, with "pending" (the others,
+    as `[k/n] row seed=.. rule=.. as trained`) and "planned" (how many cases in all)."""
+    done = [_done(case, meta) for case in cases]
+    if not any(done):
+        raise plan.SweepError(f"none of the {len(cases)} cases is evaluated yet, so there "
+                              "is nothing to write")  # fmt: skip
+    pending = [f"{c.row} seed={c.seed} {_label(c)}" for c, d in zip(cases, done, strict=True)
+               if not d]  # fmt: skip
+    result = collect([c for c, d in zip(cases, done, strict=True) if d], meta)
+    return {**result, "pending": pending, "planned": len(cases)}
+
+
 def _mean_std(values: list[float]) -> list:
     return list(report.mean_std(values))  # std None with one seed: no spread to compare
 
@@ -410,6 +427,12 @@ def render_markdown(result: dict, command: str = "") -> str:
         + f"Mean ± std over {result['seeds']} seed(s).",
         "",
     ]
+    pending = result.get("pending") or []
+    if pending:
+        lines += [f"**Partial:** written while the experiment goes on, from "
+                  f"{result['planned'] - len(pending)} of {result['planned']} cases evaluated; "
+                  "a cell's mean is over the seeds it has so far (the seeds column), and the "
+                  "cases not done are listed at the end.", ""]  # fmt: skip
     if result.get("passkey_examples", 1):
         lines += _table(result, ("loss", "digits"), ("loss", "passkey digits"))
         lines += ["", "Whole keys retrieved (exact match):", ""]
@@ -424,6 +447,10 @@ def render_markdown(result: dict, command: str = "") -> str:
         lines += _learned_section(result, task)
     lines += ["", "## The published claims at this scale", ""]
     lines += [f"- {v}" for v in verdicts(result)]
+    if pending:
+        lines += ["", f"Not done when this page was written ({len(pending)} cases; the same "
+                  "command without --report_only trains and evaluates them):", ""]  # fmt: skip
+        lines += [f"- {p}" for p in pending]
     return "\n".join(lines) + "\n"
 
 
@@ -506,13 +533,15 @@ def _learned_section(result: dict, task: str) -> list[str]:
 
 
 def _table(result: dict, metrics, names) -> list[str]:
-    lengths = result["lengths"]
-    head = [f"{name} @{n}" for name in names for n in lengths]
+    """One row per cell; a partial page (`collect_so_far`) adds each cell's seeds."""
+    lengths, partial = result["lengths"], bool(result.get("pending"))
+    head = [*(["seeds"] if partial else []), *[f"{name} @{n}" for name in names for n in lengths]]
     lines = ["| row | rule | fine-tuned | " + " | ".join(head) + " |",
              "|---|---|---|" + "---|" * len(head)]  # fmt: skip
     for c in result["cells"]:
         values = [_fmt(c[m].get(str(n)), 3 if m == "loss" else 2) for m in metrics
                   for n in lengths]  # fmt: skip
+        values = [f"{c['seeds']} of {result['seeds']}", *values] if partial else values
         tuned = "yes" if c["finetuned"] else "no"
         lines.append(f"| {c['row']} | {c['rule']} | {tuned} | " + " | ".join(values) + " |")
     return lines
@@ -642,15 +671,19 @@ def main(argv=None) -> int:
     signals.release_signals()  # one that came while the modules imported: stops it here
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    command = shlex.join(["python", "-m", "rope_jax.experiments.context_extension", *argv])
+    command = shlex.join(["python", "-m", "rope_jax.experiments.context_extension",
+                          *[a for a in argv if a != "--report_only"]])  # fmt: skip
     try:
         if args.out:
             report.check_out(args.out)  # before hours of runs
         cases, meta = make_plan(args)
         print(f"{len(cases)} cells ({len(meta['rows'])} rows x rules x {args.seeds} seed(s), "
               f"as trained and fine-tuned); lengths {meta['lengths']}", flush=True)  # fmt: skip
-        run_all(cases, meta, args.workdir)
-        result = collect(cases, meta)
+        if args.report_only:
+            result = collect_so_far(cases, meta)
+        else:
+            run_all(cases, meta, args.workdir)
+            result = collect(cases, meta)
     except (plan.SweepError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
