@@ -17,6 +17,15 @@ qkvo; does V4's small rotated slice (H/8) keep qkvo's loss at T. Every row is
   v4_whole_head       v4 rotating the whole head instead of H/8
   tied_qkvo_h8        tied_qkvo rotating H/8 interleaved pairs, as v4 (nothing else of v4)
 
+and which of iRoPE's changes to qk carries its loss: irope with one undone each, and the
+L2 norm alone (its interleaved pairs are qk's pairs in another order of the head's dims,
+which learned weights absorb, so they are not a row):
+
+  irope_no_l2         irope without the L2 norm of q and k
+  irope_no_chunks     irope with every layer full (no chunked attention)
+  irope_no_nope       irope rotating every layer (no NoPE layer, so no query temperature)
+  qk_l2               qk with the L2 norm of q and k, nothing else of irope
+
 Arg keys: size, row, data, steps (as configs/lm.py).
 """
 
@@ -27,18 +36,30 @@ from configs import common, lm
 SITE_ROWS = ("qk", "vo", "qkvo", "nope", "tied_qkvo")  # each with and without a sink
 OPEN_ROWS = ("irope", "v4")  # open models' attention, from lm.EXTRA_ROWS
 SLICE = {"model.rope.layout": "interleaved", "model.rope.scaling.partial_rotary_factor": 0.125}
-# row -> (the row it changes, the changes): the rotated slice alone
-SLICE_ROWS = {
-    "v4_whole_head": ("v4", {"model.rope.scaling.partial_rotary_factor": 1.0}),
-    "tied_qkvo_h8": ("tied_qkvo", SLICE),
+NO_NOPE = {"model.rope.nope_every": 0, "model.rope.nope_attn_scale": 0.0}
+# row -> (the row it changes, size preset -> the changes): the rotated slice alone, then
+# iRoPE's parts
+CHANGED_ROWS = {
+    "v4_whole_head": ("v4", lambda p: {"model.rope.scaling.partial_rotary_factor": 1.0}),
+    "tied_qkvo_h8": ("tied_qkvo", lambda p: SLICE),
+    "irope_no_l2": ("irope", lambda p: {"model.attention.qk_l2_norm": False}),
+    "irope_no_chunks": (
+        "irope",
+        lambda p: {
+            "model.attention.layer_types": ("full",) * p["num_layers"],
+            "model.attention.chunk": 0,
+        },
+    ),  # fmt: skip
+    "irope_no_nope": ("irope", lambda p: NO_NOPE),
+    "qk_l2": ("qk", lambda p: {"model.attention.qk_l2_norm": True}),
 }
 
 
 def row_overrides(row: str, size: str = "tiny") -> dict:
     """Dotted overrides of `row` (module docstring) at size preset `size`."""
-    if row in SLICE_ROWS:
-        base, changes = SLICE_ROWS[row]
-        return {**lm.row_overrides(base, size), **changes}
+    if row in CHANGED_ROWS:
+        base, changes = CHANGED_ROWS[row]
+        return {**lm.row_overrides(base, size), **changes(common.size_preset(size))}
     base, sinks = (row[: -len("_sinks")], True) if row.endswith("_sinks") else (row, False)
     if base not in (*SITE_ROWS, *OPEN_ROWS) or (sinks and base not in SITE_ROWS):
         raise ValueError(f"row={row!r} is not one of {', '.join(rows())}")
@@ -46,7 +67,7 @@ def row_overrides(row: str, size: str = "tiny") -> dict:
 
 
 def rows() -> list[str]:
-    return [*SITE_ROWS, *(f"{r}_sinks" for r in SITE_ROWS), *OPEN_ROWS, *SLICE_ROWS]
+    return [*SITE_ROWS, *(f"{r}_sinks" for r in SITE_ROWS), *OPEN_ROWS, *CHANGED_ROWS]
 
 
 def _parse(arg: str | None):

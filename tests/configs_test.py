@@ -183,12 +183,16 @@ def test_attention_rows_are_lms_rows_with_and_without_a_sink():
     for row in attention.rows():
         config = attention.get_config(f"row={row}")
         harness.check_config(config)
-        base, changes = attention.SLICE_ROWS.get(row, (row.removesuffix("_sinks"), {}))
+        base, changes = attention.CHANGED_ROWS.get(row, (row.removesuffix("_sinks"), lambda p: {}))
         want = lm.get_config(f"row={base}")
-        want.update_from_flattened_dict(changes)
+        want.update_from_flattened_dict(changes(common.size_preset("tiny")))
         want.model.attention.sinks = row.endswith("_sinks") or want.model.attention.sinks
         assert config.to_dict() == want.to_dict(), row
     assert attention.get_config("row=v4_whole_head").model.rope.scaling.partial_rotary_factor == 1
+    parts = {r: attention.get_config(f"row={r},size=l8").model for r in attention.CHANGED_ROWS}
+    assert parts["irope_no_chunks"].attention.layer_types == ("full",) * 8
+    assert not parts["irope_no_l2"].attention.qk_l2_norm and parts["qk_l2"].attention.qk_l2_norm
+    assert parts["irope_no_nope"].rope.nope_every == 0 and parts["qk_l2"].rope.sites == "qk"
     h8 = attention.get_config("row=tied_qkvo_h8").model
     assert h8.rope.scaling.partial_rotary_factor == 0.125 and h8.attention.kv == "tied"
     with pytest.raises(ValueError, match="row='irope_sinks' is not one of"):
