@@ -633,7 +633,7 @@ def failed_lines(report: dict) -> list[str]:
 def pending_runs(report: dict) -> list[dict]:
     """Every run a report was written without because it had not finished yet: {row,
     seed, state}, seed by seed."""
-    rows = report["rows"].items()
+    rows = report.get("rows", {}).items()  # pages without rows (header only) have none
     out = [dict(p, row=name) for name, row in rows for p in row.get("pending", [])]
     return sorted(out, key=lambda p: (p["seed"], p["row"]))
 
