@@ -150,6 +150,7 @@ def partial_line(report: dict) -> list[str]:
 def render_markdown(report: dict) -> str:
     """The results page: header, table, Kendall tau, which adjacent gaps are resolved."""
     rows, lens, article = summarize(report), report["seq_lens"], report["article_loss"]
+    article = article if any(r["article"] is not None for r in rows) else None  # no empty columns
     t, n_seeds = lens[0], len(report["seeds"])
     out = header(report)
     sites_only = lambda over: set(over) == {"model.rope.sites"}
@@ -199,7 +200,7 @@ def render_markdown(report: dict) -> str:
             + ("Rows differ in tokenizer, so losses per token do not compare: bits/byte "
                "(total nats / (ln 2 x UTF-8 bytes of the scored targets)) do, and rank 1 = "
                "lowest bits/byte @T." if by_bytes else "Rank 1 = lowest loss @T.")]  # fmt: skip
-    if any(r["article"] is not None for r in rows):  # no tau over rows it lacks
+    if article:  # no tau over rows it lacks
         tau, p, n = kendall({r["name"]: r["stats"][t][0] for r in rows}, article)
         value = "n/a" if tau is None else f"{tau:.3f} (p = {'n/a' if p is None else f'{p:.3g}'})"
         out += ["", f"Kendall tau between our mean loss @T and the article's loss, over the {n} "
