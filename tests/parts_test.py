@@ -111,7 +111,7 @@ def test_an_eval_file_counts_as_done_only_with_every_length(sweep):
     assert not report_lib.evaluated(parts.eval_file(run, "docs"), [8])  # not there
 
 
-def test_a_row_whose_runs_all_failed_is_shown_as_failed(sweep, tmp_path):
+def test_a_row_whose_runs_all_failed_or_not_finished_is_shown_so(sweep, tmp_path):
     """A sweep that went on past failed runs: row vo has none finished ("runs": [])."""
     path, data_dir = sweep
     report = json.loads(path.read_text())
@@ -123,6 +123,12 @@ def test_a_row_whose_runs_all_failed_is_shown_as_failed(sweep, tmp_path):
     assert result["parts"]["all"]["ranks"] == {"qk": 1, "nope": 2}
     lines = [x for x in (tmp_path / "parts.md").read_text().splitlines() if x.startswith("| vo")]
     assert lines == ["| vo (2) | failed | failed | failed |"] * 2  # "all" and "code"
+    # a partial sweep page (`--report_only`): vo not finished yet, which is not failed
+    report["rows"]["vo"] = {"runs": [], "pending": [{"seed": 0, "state": "partial"}]}
+    path.write_text(json.dumps(report))
+    parts.main([f"--sweep={path}", "--data=code", f"--data_dir={data_dir}", f"--out={out}"])
+    lines = [x for x in (tmp_path / "parts.md").read_text().splitlines() if x.startswith("| vo")]
+    assert lines == ["| vo (2) | not finished | not finished | not finished |"] * 2
 
 
 def test_runs_moved_to_another_directory_are_found_by_the_sweeps_workdir(sweep, tmp_path):

@@ -124,10 +124,12 @@ def evaluate(runs: list[dict], names: list[str], args, lengths: list[int]) -> No
 def table(report: dict, runs: list[dict], names: list[str], lengths: list[int]) -> dict:
     """{dataset: {row: {length: (mean, std)}, tokens}}, the sweep's own evaluation first
     (as "all")."""
-    failed = [row for row, entry in report["rows"].items() if not entry["runs"]]
+    empty = [(row, entry) for row, entry in report["rows"].items() if not entry["runs"]]
+    failed = [row for row, entry in empty if entry.get("failed")]
+    unfinished = [row for row, entry in empty if not entry.get("failed")]  # a partial page's
     out = {"all": {"rows": {}, "tokens": None}}
     for row, entry in report["rows"].items():
-        if not entry["runs"]:  # every run of it failed: no number, shown as failed
+        if not entry["runs"]:  # no run of it finished: no number, shown as failed or not
             continue
         out["all"]["rows"][row] = {
             str(n): mean_std([r["loss"][str(n)] for r in entry["runs"]])
@@ -148,7 +150,7 @@ def table(report: dict, runs: list[dict], names: list[str], lengths: list[int]) 
         at_t = {r: v[str(lengths[0])][0] for r, v in entry["rows"].items() if str(lengths[0]) in v}
         entry["ranks"] = ranks(at_t)
         entry["tau"], entry["tau_p"], _ = kendall(at_t, reference)
-        entry["failed"] = failed
+        entry["failed"], entry["not_finished"] = failed, unfinished
     return out
 
 
@@ -177,9 +179,11 @@ def render(parts: dict, lengths: list[int], reference: dict, command: str, seeds
                      for n in lengths]  # fmt: skip
             out.append(f"| {r} ({ref_rank.get(r, '—')}) | {entry['ranks'].get(r, '—')} | "
                        + " | ".join(cells) + " |")  # fmt: skip
-        for r in entry.get("failed", []):  # a row of the sweep with no finished run
-            out.append(f"| {r} ({ref_rank.get(r, '—')}) | failed | "
-                       + " | ".join(["failed"] * len(lengths)) + " |")  # fmt: skip
+        missing = [(r, "failed") for r in entry.get("failed", [])]
+        missing += [(r, "not finished") for r in entry.get("not_finished", [])]
+        for r, word in missing:  # a row of the sweep with no finished run
+            out.append(f"| {r} ({ref_rank.get(r, '—')}) | {word} | "
+                       + " | ".join([word] * len(lengths)) + " |")  # fmt: skip
     return "\n".join(out) + "\n"
 
 
