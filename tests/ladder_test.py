@@ -158,6 +158,10 @@ def test_a_sweep_with_failed_runs_shows_a_failed_row_as_failed_never_as_a_number
     assert "| c (3) | failed |" in page and "| c | failed | failed |" in page
     assert "| c | +" not in page and "| c | 3" not in page
     assert "3 failed run(s)" in page and "rows with no finished run: c" in page
+    # a partial sweep page (`--report_only`): c not finished yet, which is not failed
+    report["rows"]["c"] = {"runs": [], "pending": [{"seed": 0, "state": "new"}]}
+    page = ladder.render([ladder.rung(report, list(REFERENCE))], "cmd")
+    assert "| c (3) | not finished |" in page and "| c | not finished | not finished |" in page
     report["rows"]["b"] = {"runs": [], "failed": [failed(0)]}
     with pytest.raises(ValueError, match="holds 1 of the rows compared"):
         ladder.rung(report, ["a", "b", "c"])

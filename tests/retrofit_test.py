@@ -76,3 +76,8 @@ def test_a_row_whose_runs_all_failed_is_shown_as_failed(tmp_path):
                    f"--out={tmp_path / 'r'}"])  # fmt: skip
     line = next(x for x in (tmp_path / "r.md").read_text().splitlines() if x.startswith("| vo"))
     assert line.startswith("| vo | failed | failed |") and not any(c.isdigit() for c in line)
+    # a partial sweep page (`--report_only`): vo not finished yet, which is not failed
+    continued["rows"]["vo"] = {"runs": [], "pending": [{"seed": 0, "state": "partial"}]}
+    out = retrofit.analyse(SCRATCH, continued)
+    assert out["failed"] == [] and out["not_finished"] == ["vo"]
+    assert "| vo | not finished | not finished |" in retrofit.render(out, "cmd")

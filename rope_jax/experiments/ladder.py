@@ -84,8 +84,8 @@ def bootstrap_tau(losses: dict, reference: dict, *, draws: int = 2000, seed: int
 
 def rung(report: dict, rows) -> dict:
     """One rung's numbers: tau with its interval, ranks, NoPE's rank, mean ± std per length,
-    over each row's finished seeds. A row whose every run failed is in `failed` (with
-    its failed seeds), out of the order and the numbers."""
+    over each row's finished seeds. A row with no finished run is in `failed` (with its
+    failed seeds: none for a row not finished yet), out of the order and the numbers."""
     failed = {r: [f["seed"] for f in report["rows"][r].get("failed", [])]
               for r in rows if r in report["rows"] and not report["rows"][r]["runs"]}  # fmt: skip
     rows = [r for r in rows if r in report["rows"] and r not in failed]
@@ -138,10 +138,16 @@ def all_rows(rungs: list[dict]) -> list[str]:
 
 def cell(g: dict, r: str, value) -> str:
     """A rung's cell of row `r`: `value(g, r)` where the row finished, `failed` where
-    every run of it failed, a dash where the rung lacks it."""
+    every run of it failed, `not finished` where none has yet (a partial sweep page), a
+    dash where the rung lacks it."""
     if r in g.get("failed", {}):
-        return "failed"
+        return unfinished_word(g, r)
     return value(g, r) if r in g["rows"] else "—"
+
+
+def unfinished_word(g: dict, r: str) -> str:
+    """`failed` for a row with failed runs and none finished, else `not finished`."""
+    return "failed" if g["failed"][r] else "not finished"
 
 
 def render(rungs: list[dict], command: str) -> str:
@@ -193,7 +199,8 @@ def render(rungs: list[dict], command: str) -> str:
             cells += [plus_minus(bpb[r]) if bpb.get(r) else "—"] if bpb else []
             out.append(f"| {r} | " + " | ".join(cells) + " |")
         for r in g.get("failed", {}):  # never a number
-            out.append(f"| {r} | " + " | ".join(["failed"] * (len(lens) + bool(bpb))) + " |")
+            word = unfinished_word(g, r)
+            out.append(f"| {r} | " + " | ".join([word] * (len(lens) + bool(bpb))) + " |")
     return "\n".join(out + failed_note(rungs)) + "\n"
 
 

@@ -59,6 +59,11 @@ def _noise(a, b) -> float | None:
     return None if a is None or b is None else math.hypot(a, b)
 
 
+def _failed(scratch: dict, retrofit: dict, row: str) -> bool:
+    """Whether either sweep has a failed run of `row` (else it is not finished yet)."""
+    return any(sweep["rows"][row].get("failed") for sweep in (scratch, retrofit))
+
+
 def analyse(scratch: dict, retrofit: dict) -> dict:
     """Per row: scratch loss, the continued run's curve, its gap and when it closes."""
     both = [r for r in retrofit["rows"] if r in scratch["rows"]]
@@ -67,7 +72,9 @@ def analyse(scratch: dict, retrofit: dict) -> dict:
     base = mean_std(_final(scratch, "qk")) if qk else None
     out = {"base_qk": base, "steps_scratch": scratch["settings"].get("train.num_steps"),
            "steps_retrofit": retrofit["settings"].get("train.num_steps"), "rows": {},
-           "failed": [r for r in both if r not in rows]}  # fmt: skip
+           "failed": [r for r in both if r not in rows and _failed(scratch, retrofit, r)],
+           "not_finished": [r for r in both if r not in rows
+                            and not _failed(scratch, retrofit, r)]}  # fmt: skip
     for row in rows:
         s_mean, s_std = mean_std(_final(scratch, row))
         curve = []
@@ -127,8 +134,10 @@ def render(result: dict, command: str) -> str:
                    + f" | {last['gap']:+.3f}{noise} | "
                    + f"{r['closed_at'] or 'not within the run'} | "
                    + f"{_vs(r.get('vs_control'))} |")  # fmt: skip
-    for row in result.get("failed", []):  # every run of it failed in one of the sweeps
-        out.append(f"| {row} | " + " | ".join(["failed"] * (len(shown) + 4)) + " |")
+    missing = [(r, "failed") for r in result.get("failed", [])]  # no finished run in one
+    missing += [(r, "not finished") for r in result.get("not_finished", [])]  # of the sweeps
+    for row, word in missing:
+        out.append(f"| {row} | " + " | ".join([word] * (len(shown) + 4)) + " |")
     return "\n".join(out) + "\n"
 
 
