@@ -374,7 +374,7 @@ def collect(cases: list[Case], meta: dict) -> dict:
 
 def collect_so_far(cases: list[Case], meta: dict) -> dict:
     """--report_only: `collect` of the cases evaluated so far, with "pending" (the others,
-    as `[k/n] row seed=.. rule=.. as trained`) and "planned" (how many cases in all)."""
+    as `row seed=.. rule=.. as trained`) and "planned" (how many cases in all)."""
     done = [_done(case, meta) for case in cases]
     if not any(done):
         raise plan.SweepError(f"none of the {len(cases)} cases is evaluated yet, so there "
