@@ -524,3 +524,26 @@ def test_a_max_position_embeddings_no_rule_reads_is_refused_not_ignored(rule, er
         with pytest.raises(ValueError, match=re.escape(f"--max_position_embeddings=512 {error}")):
             with_rope_scaling(config, rule, max_position_embeddings=512)
     assert with_rope_scaling(config, rule, max_position_embeddings=128)  # its own, said again
+
+
+def test_a_rule_given_at_evaluation_keeps_the_runs_rotated_slice():
+    """A run that rotates an eighth of each head (V4's slice), evaluated under dynamic NTK:
+    at its own T the rule changes nothing, so every pair's angle is the run's own; the
+    rule used to replace `partial_rotary_factor` with 1 (the whole head rotating)."""
+    from configs import lm
+    from rope_jax import harness
+    from rope_jax.harness.evaluate import with_rope_scaling
+
+    config = lm.get_config("size=tiny,row=v4")
+    rule = {"rope_type": "dynamic", "factor": 4.0}
+    out = with_rope_scaling(config, rule, max_position_embeddings=128)
+    assert out.model.rope.scaling.partial_rotary_factor == 0.125
+    assert out.model.rope.scaling.rope_type == "dynamic"
+    head_dim, t = config.model.head_dim, config.data.seq_len
+    tables = [
+        rotary.pair_table(head_dim, model_lib.rotation(c.model, 1, train_seq_len=t), seq_len=t)[0]
+        for c in (harness.resolve(config), out)
+    ]
+    np.testing.assert_array_equal(*tables)
+    whole = with_rope_scaling(config, {**rule, "partial_rotary_factor": 1.0})  # said: taken
+    assert whole.model.rope.scaling.partial_rotary_factor == 1.0

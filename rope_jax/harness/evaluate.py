@@ -162,7 +162,9 @@ def saved_settings(result: dict) -> dict:
 
 
 def with_rope_scaling(config, scaling=None, max_position_embeddings=None):
-    """A copy of `config` under another context-scaling rule (model.rope.scaling replaced).
+    """A copy of `config` under another context-scaling rule (model.rope.scaling replaced;
+    the run's `partial_rotary_factor`, which dims of a head rotate, kept unless `scaling`
+    sets it: it is the model's, not the rule's).
 
     Parameters do not depend on the rule, so a checkpoint restores under any of them: this
     is how context extension is measured (train at T, evaluate at 4T under YaRN, ...).
@@ -177,7 +179,9 @@ def with_rope_scaling(config, scaling=None, max_position_embeddings=None):
     own_length = config.model.rope.max_position_embeddings or config.data.seq_len
     with config.model.rope.ignore_type():
         if scaling is not None:
-            rope = defaults.fill_model({"rope": {"scaling": scaling}}).rope
+            rotated = config.model.rope.scaling.get("partial_rotary_factor")
+            kept = {} if rotated is None else {"partial_rotary_factor": rotated}
+            rope = defaults.fill_model({"rope": {"scaling": {**kept, **scaling}}}).rope
             config.model.rope.scaling = rope.scaling
         if max_position_embeddings is not None:
             config.model.rope.max_position_embeddings = max_position_embeddings
