@@ -35,6 +35,7 @@ from rope_jax.experiments.report import (
     kendall,
     load_results,
     mean_std,
+    no_run_word,
     plus_minus,
     ranks,
     write_page,
@@ -124,9 +125,9 @@ def evaluate(runs: list[dict], names: list[str], args, lengths: list[int]) -> No
 def table(report: dict, runs: list[dict], names: list[str], lengths: list[int]) -> dict:
     """{dataset: {row: {length: (mean, std)}, tokens}}, the sweep's own evaluation first
     (as "all")."""
-    empty = [(row, entry) for row, entry in report["rows"].items() if not entry["runs"]]
-    failed = [row for row, entry in empty if entry.get("failed")]
-    unfinished = [row for row, entry in empty if not entry.get("failed")]  # a partial page's
+    empty = {row: no_run_word(entry) for row, entry in report["rows"].items() if not entry["runs"]}
+    failed = [row for row, word in empty.items() if word == "failed"]
+    unfinished = [row for row, word in empty.items() if word != "failed"]  # a partial page's
     out = {"all": {"rows": {}, "tokens": None}}
     for row, entry in report["rows"].items():
         if not entry["runs"]:  # no run of it finished: no number, shown as failed or not

@@ -185,7 +185,7 @@ def render_markdown(report: dict) -> str:
             what = ", ".join(f"`{k}={v}`" for k, v in row["overrides"].items()) or "(base)"
             if sites_only(row["overrides"]):
                 what = f"`{row['overrides']['model.rope.sites']}`".replace("``", "NoPE")
-            word = "failed" if row.get("failed") else "not finished"
+            word = no_run_word(row)
             out.append(f"| {name} | {what} | 0 of {n_seeds} | "
                        + " | ".join([word] * (len(head) - 3)) + " |")  # fmt: skip
     step = report["rows"][rows[0]["name"]]["runs"][0]["step"]
@@ -629,6 +629,12 @@ def failed_lines(report: dict) -> list[str]:
         times = "" if f.get("failures", 1) == 1 else f" (failed {f['failures']} times)"
         out.append(f"- {f['row']} seed {f['seed']}{times}: {f['reason']} (log: `{f['log']}`)")
     return out
+
+
+def no_run_word(row: dict) -> str:
+    """What a sweep report's row with no finished run reads in every cell: `failed` when
+    a run of it failed, else `not finished` (a page written while the sweep goes on)."""
+    return "failed" if row.get("failed") else "not finished"
 
 
 def pending_runs(report: dict) -> list[dict]:

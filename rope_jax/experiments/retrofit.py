@@ -36,6 +36,7 @@ from rope_jax.experiments.report import (
     check_out,
     load_results,
     mean_std,
+    no_run_word,
     save_figure,
     write_page,
 )
@@ -61,7 +62,7 @@ def _noise(a, b) -> float | None:
 
 def _failed(scratch: dict, retrofit: dict, row: str) -> bool:
     """Whether either sweep has a failed run of `row` (else it is not finished yet)."""
-    return any(sweep["rows"][row].get("failed") for sweep in (scratch, retrofit))
+    return any(no_run_word(sweep["rows"][row]) == "failed" for sweep in (scratch, retrofit))
 
 
 def analyse(scratch: dict, retrofit: dict) -> dict:
