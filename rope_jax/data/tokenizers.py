@@ -20,7 +20,8 @@ WordPiece/Metaspace files), where callers attribute bytes proportionally instead
 
 `save(dir)` writes the tokenizer's own file (`tokenizer.json` / `tokenizer.model`, none
 for bytes) and `tokenizer_info.json` ({"kind", "file", "name", "vocab_size", "pad_id",
-"bos_id", "eos_id"}); `load` takes that dir or a bare `.json` / `.model` file. A file
+"bos_id", "eos_id"}, and an HF model's "chat_template"); `load` takes that dir, a bare
+`.json` / `.model` file, or a `.gguf` checkpoint (its vocabulary, `gguf_file`). A file
 that does not load, or is of the wrong kind, raises one `ValueError` line naming it.
 """
 
@@ -34,7 +35,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from rope_jax.data import byte_ids
+from rope_jax.data import byte_ids, gguf_file
 
 INFO_FILE = "tokenizer_info.json"
 HF_FILE = "tokenizer.json"
@@ -171,10 +172,12 @@ class HFTokenizer(Tokenizer):
 
     kind = "hf"
 
-    def __init__(self, tok, *, name: str, pad_id: int, bos_id: int, eos_id: int):
+    def __init__(self, tok, *, name: str, pad_id: int, bos_id: int, eos_id: int,
+                 chat_template: str | None = None):  # fmt: skip
         tok.encode_special_tokens = True  # "<eos>" in a document is text, not EOS
         self.tok = tok
         self.name = name
+        self.chat_template = chat_template  # the model's Jinja chat template, kept as given
         self.vocab_size = int(tok.get_vocab_size(with_added_tokens=True))
         self.pad_id, self.bos_id, self.eos_id = int(pad_id), int(bos_id), int(eos_id)
 
@@ -192,6 +195,10 @@ class HFTokenizer(Tokenizer):
 
     def to_str(self) -> str:
         return self.tok.to_str()
+
+    def info(self) -> dict:
+        info = super().info()
+        return info if self.chat_template is None else {**info, "chat_template": self.chat_template}
 
     def token_byte_lengths(self) -> np.ndarray | None:
         """Exact for byte-level files with no normalizer (GPT-2 style, `train_bpe`)."""
@@ -239,7 +246,8 @@ def load_hf(path: str, info: dict | None = None) -> HFTokenizer:
     name = f"hf-{_file_hash(path)}"
     if info is not None:
         ids = {k: info[k] for k in ("pad_id", "bos_id", "eos_id")}
-        return HFTokenizer(tok, name=info.get("name", name), **ids)
+        return HFTokenizer(tok, name=info.get("name", name), chat_template=info.get(
+            "chat_template"), **ids)  # fmt: skip
     eos = _special_id(tok, _EOS_NAMES)
     if eos is None:
         raise ValueError(
@@ -255,6 +263,16 @@ def load_hf(path: str, info: dict | None = None) -> HFTokenizer:
         bos_id=eos if bos is None else bos,
         eos_id=eos,
     )
+
+
+def load_gguf(path: str) -> HFTokenizer:
+    """The tokenizer inside a GGUF file (`gguf_file.tokenizer_json`: its vocabulary,
+    merges, special ids and chat template); one ValueError line when it has none."""
+    meta = gguf_file.metadata(gguf_file.open_parts(path)[0])
+    text, specials = gguf_file.tokenizer_json(meta, where=path)
+    tok = _import_hf(path).Tokenizer.from_str(text)
+    name = f"gguf-{_text_hash(text)}"
+    return HFTokenizer(tok, name=name, **specials)
 
 
 def _import_hf(path: str):
@@ -360,7 +378,8 @@ def load_sentencepiece(path: str, info: dict | None = None) -> SentencePieceToke
 
 
 def load(path: str) -> Tokenizer:
-    """A tokenizer from a dir written by `save`, a `tokenizer.json` or a `.model` file."""
+    """A tokenizer from a dir written by `save`, a `tokenizer.json`, a `.model` file or
+    the vocabulary inside a `.gguf` checkpoint."""
     path = os.path.expanduser(path)
     if os.path.isdir(path):
         return _load_dir(path)
@@ -368,13 +387,15 @@ def load(path: str) -> Tokenizer:
         raise ValueError(f"tokenizer file {path} does not exist")
     if path.endswith(".model"):
         return load_sentencepiece(path)
+    if gguf_file.is_gguf(path):
+        return load_gguf(path)
     if os.path.basename(path) == INFO_FILE:
         return _load_dir(os.path.dirname(path) or ".")
     if path.endswith(".json"):
         return load_hf(path)
     raise ValueError(
-        f"tokenizer file {path} is not a SentencePiece .model, an HF "
-        f"tokenizer.json or a dir with {INFO_FILE}"
+        f"tokenizer file {path} is not a SentencePiece .model, an HF tokenizer.json, "
+        f"a .gguf checkpoint or a dir with {INFO_FILE}"
     )
 
 

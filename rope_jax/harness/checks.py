@@ -51,6 +51,17 @@ def settle_vocab(config) -> ml_collections.FrozenConfigDict:
     return ml_collections.FrozenConfigDict(settled)
 
 
+def trained_length(config) -> int:
+    """T, the context a run's model was trained at, which pages and default lengths read:
+    `data.seq_len`, or for a run from a published checkpoint (`train.init_from=hf:...`)
+    the longer of that and the checkpoint's own context (`model.rope.max_position_embeddings`,
+    8,192 for SmolLM2), which its pretraining reached."""
+    own = config.data.seq_len
+    if str(config.train.get("init_from", "")).startswith("hf:"):
+        return max(own, config.model.rope.get("max_position_embeddings") or 0)
+    return own
+
+
 def check_config(config: ml_collections.ConfigDict) -> None:
     """Every check that can fail before anything compiles; one ValueError line each."""
     _positive(config, "data.seq_len", "data.global_batch_size", "train.num_steps",

@@ -295,7 +295,7 @@ def eval_settings(config, *, seq_lens, split, splits, num_batches, rope_scaling,
     """What an evaluation is made with (recorded in its file): the arguments, with the
     run's config filling those not given (`tasks`: `eval.tasks`, `examples`:
     `eval.examples`)."""
-    lengths = parse_seq_lens(seq_lens) or [config.data.seq_len, *config.eval.seq_lens]
+    lengths = parse_seq_lens(seq_lens) or [checks.trained_length(config), *config.eval.seq_lens]
     settings = {"seq_lens": lengths,
                 "split": split or config.data.eval_split,
                 "splits": list(config.eval.splits if splits is None else splits),
@@ -404,7 +404,8 @@ def _score(ctx: evals.Context, tasks, seq_lens, splits) -> dict:
     """The result of `evaluate_checkpoint`: every task at every length on `ctx.split`,
     then the loss of every split in `splits` at the training length."""
     config = ctx.config
-    result = {"step": int(ctx.step), "split": ctx.split, "train_seq_len": config.data.seq_len}
+    result = {"step": int(ctx.step), "split": ctx.split,
+              "train_seq_len": checks.trained_length(config)}  # fmt: skip
     for seq_len in seq_lens:
         result[str(seq_len)] = evals.score(ctx, tasks, seq_len)
         logging.info("step %d, seq_len %d: %s", ctx.step, seq_len, result[str(seq_len)])

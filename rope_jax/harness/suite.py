@@ -29,7 +29,7 @@ import time
 import jax
 
 from rope_jax import data, provenance
-from rope_jax.harness import console, distributed, evals, hostmem, runfiles, setup
+from rope_jax.harness import checks, console, distributed, evals, hostmem, runfiles, setup
 from rope_jax.harness import workdir as workdir_lib
 from rope_jax.harness.evaluate import (
     parse_seq_lens,
@@ -73,7 +73,7 @@ def run(workdir: str, out: str, *, tasks=None, lengths=(), examples: int | None 
                                             max_position_embeddings)  # fmt: skip
     config = with_answer_tokens(with_data(config, data_name, data_dir), answer_tokens)
     tasks = evals.parse(config.eval.tasks if tasks is None else tasks)
-    lengths = parse_seq_lens(lengths) or [config.data.seq_len, *config.eval.seq_lens]
+    lengths = parse_seq_lens(lengths) or [checks.trained_length(config), *config.eval.seq_lens]
     examples = config.eval.examples if examples is None else examples
     split = split or config.data.eval_split
     settings = {"split": split, "examples": examples, "seed": 0,
@@ -106,7 +106,8 @@ def _start(out: str, workdir: str, step: int, config, settings: dict, overwrite:
     record (`overwrite`), else a ValueError naming the first difference."""
     old = load(out)
     fresh = {"workdir": os.path.abspath(workdir), "step": int(step),
-             "train_seq_len": config.data.seq_len, "settings": settings, "cells": {}}  # fmt: skip
+             "train_seq_len": checks.trained_length(config), "settings": settings,
+             "cells": {}}  # fmt: skip
     if old is None or overwrite:
         return fresh
     have = {**old.get("settings", {}), "step": old.get("step")}

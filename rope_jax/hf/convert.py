@@ -2,6 +2,7 @@
 
     from rope_jax import hf
     model, model_cfg, tok = hf.load("path/to/Llama-3.2-1B")   # Decoder, config.model, tokenizer
+    model, model_cfg, tok = hf.load("path/to/model.Q4_1.gguf") # a GGUF file (`hf.gguf`)
     logits = model(tokens)                                      # [B, T, V] float32
     hf.save("out/", model, model_cfg, max_position_embeddings=8192, tokenizer=tok)
 
@@ -25,10 +26,10 @@ import numpy as np
 from flax import nnx
 
 from rope_jax import defaults
-from rope_jax.data import tokenizers
+from rope_jax.data import gguf_file, tokenizers
 from rope_jax.harness import workdir
 from rope_jax.hf import config as hf_config
-from rope_jax.hf import weights
+from rope_jax.hf import gguf, published, weights
 from rope_jax.nn import model as model_lib
 
 TOKENIZER_FILE = tokenizers.HF_FILE  # tokenizer.json
@@ -52,19 +53,59 @@ def param_shapes(model_cfg) -> dict[str, tuple]:
     return {param_name(path): tuple(var.shape) for path, var in nnx.to_flat_state(state)}
 
 
-def read_params(directory: str, model_cfg=None) -> tuple[dict[str, np.ndarray], str]:
-    """({parameter name: array}, the checkpoint's dtype) of an HF directory; `model_cfg`
-    defaults to the one its config.json describes."""
+def read_config(path: str) -> dict:
+    """The config.json (a dict) of a checkpoint: an HF model directory's own, or the one
+    a GGUF file's metadata describes (`hf.gguf.config`), or a published name's."""
+    path = published.resolve(path)
+    return gguf.config(path) if gguf.is_gguf(path) else hf_config.read(path)
+
+
+def entries(path: str, *, rope_layout: str = "half") -> tuple[dict[str, weights.Entry], str]:
+    """(HF tensor name -> `weights.Entry`, what describes the architecture) of a
+    checkpoint: safetensors of a directory, or a GGUF file's tensors in `rope_layout`."""
+    path = published.resolve(path)
+    if gguf.is_gguf(path):
+        return gguf.entries(path, rope_layout=rope_layout), gguf.DESCRIBED_BY
+    if rope_layout != "half":
+        raise hf_config.HFError(f"{path}: an HF directory stores q/k in half-pair order; "
+                                f"rope_layout={rope_layout!r} is for GGUF files")  # fmt: skip
+    return weights.safetensors_entries(path), hf_config.CONFIG_FILE
+
+
+def checkpoint_dtype(path: str) -> str:
+    """The dtype a checkpoint's parameters are kept in ("float32" for GGUF: dequantized)."""
+    return weights.checkpoint_dtype(entries(path)[0])
+
+
+def read_params(path: str, model_cfg=None) -> tuple[dict[str, np.ndarray], str]:
+    """({parameter name: array}, the checkpoint's dtype) of an HF directory or GGUF file;
+    `model_cfg` defaults to the one its config describes. Its `rope.layout` picks a GGUF
+    file's q/k row order (`hf.gguf`)."""
+    path = published.resolve(path)
     if model_cfg is None:
-        model_cfg = hf_config.model_config(hf_config.read(directory))
+        model_cfg = hf_config.model_config(read_config(path))
     shapes = param_shapes(model_cfg)
-    return weights.read(directory, shapes, tied=model_cfg.tie_embeddings)
+    layout = model_cfg.rope.layout if gguf.is_gguf(path) else "half"
+    stored, described_by = entries(path, rope_layout=layout)
+    return weights.read(stored, shapes, tied=model_cfg.tie_embeddings, where=path,
+                        described_by=described_by)  # fmt: skip
 
 
-def load_tokenizer(directory: str) -> tokenizers.Tokenizer | None:
-    """The directory's tokenizer.json as a rope_jax tokenizer, or None when it has none."""
-    path = os.path.join(directory, TOKENIZER_FILE)
-    return tokenizers.load_hf(path) if os.path.isfile(path) else None
+def tokenizer_path(path: str) -> str | None:
+    """What `data.tokenizer` names for a checkpoint's own tokenizer: a directory's
+    tokenizer.json, a GGUF file itself when it holds one; None when it has none."""
+    path = published.resolve(path)
+    if gguf.is_gguf(path):
+        meta = gguf_file.metadata(gguf_file.open_parts(path)[0])
+        return os.path.abspath(path) if gguf_file.has_tokenizer(meta) else None
+    file = os.path.abspath(os.path.join(path, TOKENIZER_FILE))
+    return file if os.path.isfile(file) else None
+
+
+def load_tokenizer(path: str) -> tokenizers.Tokenizer | None:
+    """The checkpoint's tokenizer as a rope_jax tokenizer, or None when it has none."""
+    file = tokenizer_path(path)
+    return None if file is None else tokenizers.load(file)
 
 
 def adopt(config, directory: str, *, param_dtype: str | None = None):
@@ -74,7 +115,7 @@ def adopt(config, directory: str, *, param_dtype: str | None = None):
     given, and DIR's tokenizer.json as `data.tokenizer` when that is "" (the model's
     ids). The run keeps its other model choices (sites, dtypes, attention kernel, ...).
     HFError when DIR's sliding window is not below the run's `data.seq_len`."""
-    fields = hf_config.model_fields(hf_config.read(directory))
+    fields = hf_config.model_fields(read_config(directory))
     config = defaults.fill(config)  # a full, mutable copy
     hf_config.set_fields(config.model, fields)
     if param_dtype is not None:
@@ -86,20 +127,25 @@ def adopt(config, directory: str, *, param_dtype: str | None = None):
             f"run's window must be: pass --config.data.seq_len above {window} (hf.load takes "
             "the model at any length)"
         )
-    tokenizer = os.path.abspath(os.path.join(directory, TOKENIZER_FILE))
-    if not config.data.tokenizer and os.path.isfile(tokenizer):
+    tokenizer = tokenizer_path(directory)
+    if not config.data.tokenizer and tokenizer is not None:
         config.data.tokenizer = tokenizer
     return config
 
 
-def load(directory: str, *, dtype: str = "float32", param_dtype: str | None = None):
-    """(Decoder, its config.model, tokenizer or None) of an HF model directory.
+def load(directory: str, *, dtype: str = "float32", param_dtype: str | None = None,
+         rope_layout: str = "half"):  # fmt: skip
+    """(Decoder, its config.model, tokenizer or None) of an HF model directory or a GGUF
+    file.
 
     `dtype` is the compute dtype; `param_dtype` None keeps the checkpoint's (float16
-    checkpoints become float32). HFError (one line) for what cannot be read.
+    checkpoints become float32; GGUF tensors are dequantized to float32). `rope_layout`
+    "interleaved" keeps a llama GGUF file's own q/k rows (`hf.gguf`). HFError (one line)
+    for what cannot be read.
     """
-    hf = hf_config.read(directory)
+    hf = read_config(directory)
     model_cfg = hf_config.model_config(hf, dtype=dtype)
+    model_cfg.rope.layout = rope_layout
     arrays, stored = read_params(directory, model_cfg)
     model_cfg.param_dtype = param_dtype or stored
     graphdef, state = nnx.split(abstract_model(model_cfg), nnx.Param)

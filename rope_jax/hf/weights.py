@@ -36,6 +36,7 @@ import json
 import os
 import re
 from collections.abc import Callable
+from typing import NamedTuple
 
 import ml_dtypes  # also registers bfloat16 with NumPy: safetensors' reader needs it
 import numpy as np
@@ -153,57 +154,78 @@ def _open(path: str):
         raise HFError(f"{path} is not a safetensors file ({type(e).__name__}: {e})") from None
 
 
-def checkpoint_dtype(directory: str) -> str:
-    """The dtype parameters of DIR are kept in (of its first tensor; `read` checks all)."""
-    files = tensor_files(directory)
-    name = sorted(files)[0]
-    code = _open(files[name]).get_slice(name).get_dtype()
-    return DTYPES.get(code, code)
+class Entry(NamedTuple):
+    """One stored tensor, not yet read: its dtype code, its HF-layout shape, and how to
+    read it (an array in HF's layout)."""
+
+    code: str  # a safetensors dtype code ("F32", "BF16", "F16"): what it is read as
+    shape: tuple
+    load: Callable[[], np.ndarray]
 
 
-def read(directory: str, shapes: dict[str, tuple], *, tied: bool = False) -> tuple[dict, str]:
-    """rope_jax parameter arrays {name: Tensor} for the parameter shapes `shapes`
-    {name: shape}, each read when used, and the checkpoint's dtype ("float32" |
-    "bfloat16"; float16 becomes float32). Every name, shape and dtype is checked here,
-    before any tensor is read. With `tied`, an `lm_head.weight` in the files is not read
-    (HF ties it)."""
+def safetensors_entries(directory: str) -> dict[str, Entry]:
+    """HF tensor name -> `Entry` of an HF model directory's safetensors (sharded or not);
+    HFError for a directory without weights, a missing shard, or an index naming a
+    tensor its shard does not hold."""
     files = tensor_files(directory)
-    wanted = {hf_name(name)[0]: name for name in shapes}
-    extra = [n for n in files if n not in wanted and not _IGNORED.fullmatch(n)
-             and not (tied and n == "lm_head.weight")]  # fmt: skip
-    moe = [n for n in extra if _EXPERTS.fullmatch(n)]
-    if moe:
-        raise HFError(f"{directory}: tensor {moe[0]} belongs to a mixture-of-experts MLP (router "
-                      "and experts), which is not supported: rope_jax's decoder has one dense "
-                      "SwiGLU MLP per layer")  # fmt: skip
-    if extra:
-        raise HFError(f"{directory}: tensor {extra[0]} has no place in the model that "
-                      "config.json describes (an unsupported feature?)")  # fmt: skip
-    missing = [n for n in wanted if n not in files]
-    if missing:
-        raise HFError(f"{directory}: tensor {missing[0]} is missing (config.json implies it)")
-    handles = {path: _open(path) for path in sorted(set(files[n] for n in wanted))}
-    first = None
-    for hf, name in wanted.items():  # every check before any tensor is read
-        path = files[hf]
+    handles = {path: _open(path) for path in sorted(set(files.values()))}
+    entries = {}
+    for hf, path in files.items():
         try:
             piece = handles[path].get_slice(hf)
         except Exception:  # noqa: BLE001  (absent from the shard its index names)
             raise HFError(f"{path} does not hold tensor {hf} ({INDEX_FILE} says it does)") from None
-        code, shape = piece.get_dtype(), tuple(piece.get_shape())
+        read = lambda handle=handles[path], hf=hf: handle.get_tensor(hf)
+        entries[hf] = Entry(piece.get_dtype(), tuple(piece.get_shape()), read)
+    return entries
+
+
+def checkpoint_dtype(entries: dict[str, Entry]) -> str:
+    """The dtype parameters of a checkpoint are kept in (of its first tensor; `read`
+    checks all)."""
+    code = entries[sorted(entries)[0]].code
+    return DTYPES.get(code, code)
+
+
+def read(entries: dict[str, Entry], shapes: dict[str, tuple], *, tied: bool = False,
+         where: str, described_by: str = "config.json") -> tuple[dict, str]:  # fmt: skip
+    """rope_jax parameter arrays {name: Tensor} for the parameter shapes `shapes`
+    {name: shape}, each read when used, and the checkpoint's dtype ("float32" |
+    "bfloat16"; float16 becomes float32). `entries`: the stored tensors by HF name
+    (`safetensors_entries`, `hf.gguf.entries`); `where` names the checkpoint in errors,
+    `described_by` what describes its architecture.
+    Every name, shape and dtype is checked here, before any tensor is read. With `tied`,
+    an `lm_head.weight` in the files is not read (HF ties it)."""
+    wanted = {hf_name(name)[0]: name for name in shapes}
+    extra = [n for n in entries if n not in wanted and not _IGNORED.fullmatch(n)
+             and not (tied and n == "lm_head.weight")]  # fmt: skip
+    moe = [n for n in extra if _EXPERTS.fullmatch(n)]
+    if moe:
+        raise HFError(f"{where}: tensor {moe[0]} belongs to a mixture-of-experts MLP (router "
+                      "and experts), which is not supported: rope_jax's decoder has one dense "
+                      "SwiGLU MLP per layer")  # fmt: skip
+    if extra:
+        raise HFError(f"{where}: tensor {extra[0]} has no place in the model that "
+                      f"{described_by} describes (an unsupported feature?)")  # fmt: skip
+    missing = [n for n in wanted if n not in entries]
+    if missing:
+        raise HFError(f"{where}: tensor {missing[0]} is missing ({described_by} implies it)")
+    first = None
+    for hf, name in wanted.items():  # every check before any tensor is read
+        code, shape = entries[hf].code, entries[hf].shape
         want = LAYOUTS[hf_name(name)[1]].hf_shape(shapes[name])
         if code not in DTYPES:
-            raise HFError(f"{directory}: tensor {hf} has dtype {code}; weights must be "
+            raise HFError(f"{where}: tensor {hf} has dtype {code}; weights must be "
                           f"{', '.join(DTYPES)}")  # fmt: skip
         first = first or (hf, code)
         if code != first[1]:
-            raise HFError(f"{directory}: tensor {hf} has dtype {code} but {first[0]} has "
+            raise HFError(f"{where}: tensor {hf} has dtype {code} but {first[0]} has "
                           f"{first[1]} (one dtype per checkpoint)")  # fmt: skip
         if shape != want:
-            raise HFError(f"{directory}: tensor {hf} has shape {list(shape)}; config.json "
-                          f"implies {list(want)}")  # fmt: skip
+            raise HFError(f"{where}: tensor {hf} has shape {list(shape)}; "
+                          f"{described_by} implies {list(want)}")  # fmt: skip
     dtype = DTYPES[first[1]]
-    arrays = {name: Tensor(handles[files[hf]], hf, name, tuple(shapes[name]), dtype)
+    arrays = {name: Tensor(entries[hf].load, name, tuple(shapes[name]), dtype)
               for hf, name in wanted.items()}  # fmt: skip
     return arrays, dtype
 
@@ -213,13 +235,13 @@ class Tensor:
     (`np.asarray(t)`, `t.astype(dtype)`): a model is placed on its devices one tensor at
     a time, never whole in host memory."""
 
-    def __init__(self, handle, hf: str, name: str, shape: tuple, dtype: str):
-        self._handle, self._hf, self._name = handle, hf, name
+    def __init__(self, load: Callable[[], np.ndarray], name: str, shape: tuple, dtype: str):
+        self._load, self._name = load, name
         self.shape = shape
         self.dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
 
     def _read(self) -> np.ndarray:
-        array = self._handle.get_tensor(self._hf)
+        array = self._load()
         return LAYOUTS[hf_name(self._name)[1]].to_ours(array, self.shape).astype(self.dtype)
 
     def astype(self, dtype) -> np.ndarray:
