@@ -24,8 +24,10 @@ Everything else (the harness, the iterators, preparation) asks the kind object.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import io
+import os
 import re
 
 import ml_collections
@@ -290,13 +292,41 @@ _TFDS_LINES = re.compile(r"Downloading and preparing dataset|Dataset (\S+) downl
                          r"prepared to (\S+?)\.? Subsequent calls")  # fmt: skip
 
 
+BUILD_LOCK = ".rope_jax_build.lock"  # in the data dir: one build at a time there
+
+
+@contextlib.contextmanager
+def build_lock(data_config):
+    """Holds `<data dir>/.rope_jax_build.lock` (`fcntl.flock`, released by the kernel
+    however the holder exits) while a dataset is built or prepared there: a second
+    process (another eval.py, a sweep's parallel run, a second terminal) waits, saying so
+    once, and then finds the build done. No lock where the data dir cannot be made."""
+    root = sources.root_dir(data_config)
+    try:
+        os.makedirs(root, exist_ok=True)
+        fd = os.open(os.path.join(root, BUILD_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # a read-only data dir: nothing is built there, the source check says so
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another process building data in {root} ...", flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def ensure_built(data_config) -> None:
     """Builds a shipped corpus or the digits if needed; checks any other source is usable.
+    Processes that need the same data at once build it once (`build_lock`).
 
     TFDS's own lines for a build ("Downloading and preparing dataset Unknown size ...",
     though nothing is downloaded) are replaced by one line saying what was built where.
     """
-    with contextlib.redirect_stdout(io.StringIO()) as captured:
+    with build_lock(data_config), contextlib.redirect_stdout(io.StringIO()) as captured:
         kind(data_config).prepare()
     for line in captured.getvalue().splitlines():
         match = _TFDS_LINES.search(line)

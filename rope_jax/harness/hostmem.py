@@ -59,16 +59,56 @@ def train_needs(run, config) -> dict[str, int]:
     }
 
 
-def eval_needs(run, config, seq_len: int) -> dict[str, int]:
-    """The lower bound of an evaluation's host bytes at context `seq_len`."""
+def eval_needs(run, config, seq_len: int, *, decoding: bool = False) -> dict[str, int]:
+    """The lower bound of an evaluation's host bytes at context `seq_len`; `decoding`: a
+    greedy answer after a prefill (the suite's generated tasks), which projects one
+    position onto the vocabulary and holds the cache instead of every position's logits."""
     rows = config.eval.batch_size // jax.process_count()
     item = np.dtype(config.model.dtype).itemsize
-    return {
+    needs = {
         "state": _state(run),
-        "logits": rows * seq_len * config.model.vocab_size * item,
+        "logits": rows * (1 if decoding else seq_len) * config.model.vocab_size * item,
         "scores": _scores(config, rows, seq_len),
         "batch": rows * seq_len * 12,
     }
+    if decoding:
+        needs["cache"] = rows * model_lib.kv_cache_bytes(config.model, seq_len)
+        needs["activations"] = 2 * rows * seq_len * config.model.mlp_dim * item  # one MLP's
+    return needs
+
+
+def fit_eval(run, config, seq_lens, *, decoding: bool = False, free: int | None = None):
+    """`config`, or a copy whose evaluation at the longest of `seq_lens` fits host memory:
+    attention that materialises the scores becomes `chunked` (blockwise, O(T) memory, the
+    same numbers), then `eval.batch_size` halves, each change said in one line; one line
+    refusing when a batch of one still does not fit (nothing has compiled yet)."""
+    if (
+        jax.default_backend() != "cpu"
+        or (free := available_bytes() if free is None else free) is None
+    ):
+        return config
+    longest = max(seq_lens)
+    fits = lambda c: sum(eval_needs(run, c, longest, decoding=decoding).values()) <= free
+    if fits(config):
+        return config
+    from rope_jax import defaults  # the config's owner (a full mutable copy)
+    from rope_jax.harness import checks, console
+
+    changed = defaults.fill(config)
+    if changed.model.attention.impl in ("xla", "dot_product"):
+        changed.model.attention.impl = "chunked"
+        console.note(f"at length {longest} the attention scores would not fit in host memory: "
+                     "model.attention.impl=chunked for this evaluation (blockwise, same "
+                     "numbers)")  # fmt: skip
+    size = changed.eval.batch_size
+    while not fits(changed) and changed.eval.batch_size > 1:
+        changed.eval.batch_size = max(1, changed.eval.batch_size // 2)
+    if changed.eval.batch_size != size:
+        console.note(f"at length {longest} eval.batch_size={size} would not fit in host memory: "
+                     f"{changed.eval.batch_size} for this evaluation")  # fmt: skip
+    changed = checks.resolve(changed)
+    check_eval(run, changed, seq_lens, free, decoding=decoding)  # a batch of one: refused
+    return changed
 
 
 def generate_needs(run, config, prompt_len: int, max_new_tokens: int) -> dict[str, int]:
@@ -103,10 +143,10 @@ def check_train(run, config, free: int | None = None) -> None:
            eval_needs(run, config, config.data.seq_len), "lower eval.batch_size", free)  # fmt: skip
 
 
-def check_eval(run, config, seq_lens, free: int | None = None) -> None:
+def check_eval(run, config, seq_lens, free: int | None = None, *, decoding: bool = False) -> None:
     """Refuses an evaluation at the longest of `seq_lens` that cannot fit; one line."""
     longest = max(seq_lens)
-    _check(f"evaluation at seq_len={longest}", eval_needs(run, config, longest),
+    _check(f"evaluation at seq_len={longest}", eval_needs(run, config, longest, decoding=decoding),
            "use shorter --seq_lens or a smaller eval.batch_size", free)  # fmt: skip
 
 

@@ -86,7 +86,9 @@ def run(workdir: str, out: str, *, tasks=None, lengths=(), examples: int | None 
     runfiles.check_tokenizer(workdir, data.kind(config.data).tokenizer())
     evals.check(config, tasks, split=split, lengths=lengths, examples=examples)
     built = setup.build(config)
-    hostmem.check_eval(built, config, lengths)
+    fitted = hostmem.fit_eval(built, config, lengths, decoding=evals.decoding_only(tasks))
+    if fitted is not config:  # a kernel or batch that fits (said on stderr)
+        config, built = fitted, setup.build(fitted)
     lock = workdir_lib.Lock(out, name=".suite.lock", enabled=jax.process_index() == 0,
                             busy=lambda _, h: f"{out} is being written by another suite "
                             f"({workdir_lib.describe_holder(h)})")  # fmt: skip

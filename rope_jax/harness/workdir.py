@@ -41,13 +41,15 @@ class Lock:
     """
 
     def __init__(self, workdir: str, *, enabled: bool = True, name: str = LOCK_FILE,
-                 busy=None):  # fmt: skip
+                 busy=None, wait: str | None = None):  # fmt: skip
         """`name`: the lock file in the workdir (another name locks something else, e.g.
-        one result file); `busy(workdir, holder record)`: the refusal's message."""
+        one result file); `busy(workdir, holder record)`: the refusal's message; `wait`:
+        instead of refusing, print this line once and wait for the holder to finish."""
         self.workdir = os.path.abspath(workdir)
         self.path = os.path.join(self.workdir, name)
         self.enabled = enabled
         self.busy = busy or busy_message
+        self.wait = wait
         self.stale: dict | None = None
         self._fd: int | None = None
         self._created = False
@@ -73,10 +75,14 @@ class Lock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = _read_record(fd)
-                os.close(fd)
-                self._remove_created_dir()
-                raise WorkdirError(self.busy(self.workdir, holder)) from None
+                if self.wait is not None:
+                    print(self.wait, flush=True)
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                else:
+                    holder = _read_record(fd)
+                    os.close(fd)
+                    self._remove_created_dir()
+                    raise WorkdirError(self.busy(self.workdir, holder)) from None
             if is_current(fd, self.path):  # not unlinked by a holder releasing meanwhile
                 self._fd = fd
             else:

@@ -23,6 +23,7 @@ from rope_jax.harness.evaluate import restore, without_corpus
 from rope_jax.hf import config as hf_config
 from rope_jax.hf import convert, published
 
+IMPORT_LOCK = ".import.lock"  # in the workdir, while a checkpoint is imported there
 SOURCES = {
     transfer.HF_PREFIX: transfer.Source(
         adopt=convert.adopt, read_params=lambda directory: convert.read_params(directory)[0]
@@ -49,9 +50,11 @@ def import_run(directory: str, workdir: str, config) -> str:
     config.train.init_from = spec
     if (done := _imported(directory, workdir, spec)) is not None:
         return done
-    # one import at a time (a second eval.py --hf of the same workdir is refused, naming
-    # the first), as a training run holds its workdir
-    with workdir_lib.Lock(workdir, enabled=jax.process_index() == 0):
+    # one import at a time: a second process importing into the same workdir (another
+    # eval.py --hf, a second terminal) waits for the first and then reuses its import
+    lock = workdir_lib.Lock(workdir, enabled=jax.process_index() == 0, name=IMPORT_LOCK,
+                            wait=f"waiting for another import into {workdir} ...")  # fmt: skip
+    with lock:
         return _imported(directory, workdir, spec) or _import(directory, workdir, config)
 
 

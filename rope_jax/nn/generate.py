@@ -132,7 +132,7 @@ def _prefill(graphdef, state, tokens, positions, patches, is_patch, temperature,
     model = nnx.merge(graphdef, state)
     cache = model.init_cache(tokens.shape[0], slots)
     logits, cache = model.decode(tokens, positions, cache, patches=patches, is_patch=is_patch,
-                                 seq_len=seq_len)  # fmt: skip
+                                 seq_len=seq_len, last_only=True)  # fmt: skip
     return cache, _sample(logits[:, -1], key, temperature, greedy)
 
 

@@ -445,7 +445,15 @@ class Decoder(nnx.Module):
         return {"index": jnp.zeros((), jnp.int32), "layers": layers}
 
     def decode(
-        self, tokens, positions, cache: dict, *, patches=None, is_patch=None, seq_len=None
+        self,
+        tokens,
+        positions,
+        cache: dict,
+        *,
+        patches=None,
+        is_patch=None,
+        seq_len=None,
+        last_only: bool = False,
     ) -> tuple[jax.Array, dict]:
         """Logits of T new tokens that follow the cached ones, and the updated cache.
 
@@ -473,6 +481,7 @@ class Decoder(nnx.Module):
         for block, layer_cache in zip(self.blocks, cache["layers"], strict=True):
             x, layer_cache = block.decode(x, positions, layer_cache, index, seq_len)
             layers.append(layer_cache)
+        x = x[:, -1:] if last_only else x
         return self._logits(x), {"index": index + tokens.shape[1], "layers": layers}
 
 

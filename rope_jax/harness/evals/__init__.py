@@ -52,6 +52,12 @@ TASKS: dict[str, Task] = {task.name: task for task in (loss.TASK, passkey.TASK, 
 GROUPS: dict[str, tuple[str, ...]] = {"ruler": tuple(t.name for t in generated.TASKS)}
 
 
+def decoding_only(names: Sequence[str]) -> bool:
+    """Whether every task of `names` answers by greedy decoding after a prefill (needs no
+    position's logits but the last: `hostmem.eval_needs(..., decoding=True)`)."""
+    return set(names) <= set(GROUPS["ruler"])
+
+
 def parse(names: str | Iterable[str]) -> tuple[str, ...]:
     """Task names (a comma-separated string or a sequence) with groups expanded, in order,
     each once; an unknown name is a ValueError naming the nearest registered one."""
