@@ -19,8 +19,8 @@ peer.
                      largest logit), argmax [N], rows [R, V] (every logit at positions
                      ROWS), prompt [P] and greedy [64] (`generate`, greedy, no stop)
   llamacpp.npz       llama.cpp on the Q4_1 file: tokens [N] (its tokenizer), logprob
-                     [N-1] (log-probability of each next token, `logits_all`), argmax [N], prompt and greedy [64]
-                     (temperature 0), threads, version
+                     [N-1] (log-probability of each next token, `logits_all`), argmax
+                     [N], prompt and greedy [64] (temperature 0), threads, version
   llamacpp_f32.npz   the same of llama.cpp on an F32 file its quantize API made from the
                      Q4_1 one (the same weights, float32 arithmetic)
 
