@@ -630,16 +630,29 @@ def small_run(data_dir, **overrides):
     return config
 
 
-def test_a_second_import_into_a_workdir_being_imported_is_refused(tmp_path):
-    """Two `eval.py --hf` into one new workdir at once both wrote checkpoint step 0 and
-    both failed (`saving checkpoint step 0 ... failed`), leaving nothing usable."""
+def test_a_second_import_into_a_workdir_being_imported_waits_and_reuses_it(tmp_path, capsys):
+    """Two `eval.py --hf` into one new workdir at once once both wrote checkpoint step 0
+    and both failed; now the second waits for the first (saying so) and reuses its import."""
+    import threading
+
     from rope_jax.harness import workdir as workdir_lib
 
     workdir = str(tmp_path / "m")
-    with workdir_lib.Lock(workdir):  # the first import, under way
-        with pytest.raises(workdir_lib.WorkdirError, match=r"is in use by another run"):
-            hf_run.import_run(fixture("llama"), workdir, lm.get_config())
-    assert not os.path.exists(os.path.join(workdir, "checkpoints"))
+    os.makedirs(workdir)
+    held = workdir_lib.Lock(workdir, name=hf_run.IMPORT_LOCK)
+    held.acquire()  # the first import, under way
+    lines = []
+    second = threading.Thread(target=lambda: lines.append(
+        hf_run.import_run(fixture("llama"), workdir, lm.get_config())))  # fmt: skip
+    second.start()
+    second.join(timeout=3)
+    assert second.is_alive() and not os.path.exists(os.path.join(workdir, "checkpoints"))
+    assert "waiting for another import into" in capsys.readouterr().out
+    held.release()
+    second.join()
+    assert lines and lines[0].startswith("imported ")
+    again = hf_run.import_run(fixture("llama"), workdir, lm.get_config())
+    assert "holds" in again and "already" in again
 
 
 def test_the_harness_reads_hf_dir_through_the_sources_it_is_given():
@@ -774,7 +787,10 @@ def test_eval_py_imports_evaluates_and_decodes_an_hf_model(data_dir, tmp_path, c
     code, out, err = run_cli(*args)
     assert code == 0, err[-2000:]
     result = json.load(open(os.path.join(workdir, "eval_0.json")))
-    assert result["step"] == 0 and 0 < result["32"]["loss"] < 20
+    # the import is trained at the model's context (max_position_embeddings 64), not the
+    # evaluation window data.seq_len=32: that is its T and its default length
+    assert result["step"] == 0 and result["train_seq_len"] == 64
+    assert 0 < result["64"]["loss"] < 20
     config = runfiles.load_config(workdir)  # eval.py's --config and overrides, as imported
     assert "holds" in hf_run.import_run(fixture("llama"), workdir, config)
     capsys.readouterr()
@@ -850,9 +866,7 @@ def test_weights_are_read_one_tensor_at_a_time_when_placed():
     assert all(isinstance(t, weights.Tensor) for t in arrays.values())
     reads = []
     for t in arrays.values():
-        original = t._handle
-        t._handle = type("Counting", (), {"get_tensor": lambda self, n, o=original:
-                                          reads.append(n) or o.get_tensor(n)})()  # fmt: skip
+        t._load = lambda o=t._load, n=t._name: reads.append(n) or o()
     first = next(iter(arrays.values()))
     assert reads == [] and first.shape == np.asarray(first).shape and len(reads) == 1
     assert np.asarray(first).dtype == first.dtype == np.dtype(dtype)
