@@ -122,3 +122,27 @@ def test_a_continuation_whose_cache_cannot_fit_is_one_line(data_dir):
     with pytest.raises(ValueError, match=r"^generating 100000000 tokens needs at least .*"
                                          r"cache .*: ask for fewer --max_new_tokens$"):  # fmt: skip
         hostmem.check_generate(run, config, 3, 10**8, free=GIB)
+
+
+def test_an_evaluation_that_would_not_fit_gets_a_kernel_and_batch_that_do(data_dir, capsys):
+    """The suite at a long length: attention that materialises the scores becomes chunked,
+    then the batch halves, each said in one line; a batch of one that cannot fit is
+    refused before anything compiles."""
+    run, config = _run(data_dir, **{"eval.batch_size": 16})
+    length = 8192
+    needs = hostmem.eval_needs(run, config, length, decoding=True)
+    assert needs["scores"] > 0 and needs["cache"] > 0
+    assert needs["logits"] == 16 * config.model.vocab_size * 4  # one position a row
+    free = sum(needs.values()) - needs["scores"] // 2  # the scores alone do not fit
+    same = hostmem.fit_eval(run, config, [length], decoding=True, free=10 * sum(needs.values()))
+    assert same is config
+    fitted = hostmem.fit_eval(run, config, [length], decoding=True, free=free)
+    assert fitted.model.attention.impl == "chunked" and fitted.eval.batch_size == 16
+    assert "model.attention.impl=chunked for this evaluation" in capsys.readouterr().err
+    chunked = hostmem.eval_needs(run, fitted, length, decoding=True)
+    smaller = hostmem.fit_eval(run, config, [length], decoding=True,
+                               free=sum(chunked.values()) - chunked["cache"] // 2)  # fmt: skip
+    assert smaller.model.attention.impl == "chunked" and smaller.eval.batch_size == 8
+    assert "eval.batch_size=16 would not fit in host memory: 8" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"^evaluation at seq_len=8192 needs at least"):
+        hostmem.fit_eval(run, config, [length], decoding=True, free=needs["state"])
