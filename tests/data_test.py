@@ -330,3 +330,24 @@ def test_eval_sample_spread_takes_windows_through_the_whole_split(tmp_path):
     np.testing.assert_array_equal(first, every[:6])  # the default: the split's beginning
     np.testing.assert_array_equal(spread, every[np.arange(6) * n // 6])  # evenly through it
     assert not np.array_equal(first, spread)
+
+
+@pytest.mark.slow
+def test_two_processes_needing_the_same_corpus_build_it_once(tmp_path):
+    """Two eval.py started together on a fresh machine once both built the shipped corpus
+    and one died in TFDS's rename (a 43-line FileExistsError); now the second waits for the
+    first's build and then reads it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from rope_jax import data; from configs import lm; "
+            "c = lm.get_config(); c.data.data_dir = sys.argv[1]; "
+            "data.ensure_built(c.data)")  # fmt: skip
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for _ in range(2)]  # fmt: skip
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-500:] for _, err in outs]
+    built = [out for out, _ in outs if "built the rope_shakespeare dataset once" in out]
+    assert len(built) == 1, outs
+    assert any("waiting for another process building data" in out for out, _ in outs)
