@@ -547,3 +547,22 @@ def test_a_rule_given_at_evaluation_keeps_the_runs_rotated_slice():
     np.testing.assert_array_equal(*tables)
     whole = with_rope_scaling(config, {**rule, "partial_rotary_factor": 1.0})  # said: taken
     assert whole.model.rope.scaling.partial_rotary_factor == 1.0
+
+
+def test_a_proportional_run_is_not_evaluated_under_another_rule_that_changes_its_pairs():
+    """Evaluating a p-RoPE run (`proportional`, half the pairs at zero frequency) under yarn
+    kept partial_rotary_factor and rotated the first half of the head on yarn's ladder: a
+    different model, read silently (2.618 against 2.478 as trained). Now one line."""
+    from configs import lm
+    from rope_jax.harness.evaluate import with_rope_scaling
+
+    config = lm.get_config("size=tiny")
+    config.model.rope.scaling.rope_type = "proportional"
+    config.model.rope.scaling.partial_rotary_factor = 0.5
+    with pytest.raises(ValueError, match=r"rope_type='yarn': this run's rule 'proportional' "
+                       r"\(partial_rotary_factor=0.5\) also decides which pairs "
+                       "rotate"):  # fmt: skip
+        with_rope_scaling(config, {"rope_type": "yarn", "factor": 1.0})
+    same = with_rope_scaling(config, {"rope_type": "proportional", "partial_rotary_factor": 0.5,
+                                      "factor": 1.0})  # fmt: skip
+    assert same.model.rope.scaling.rope_type == "proportional"

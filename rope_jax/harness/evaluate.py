@@ -177,6 +177,7 @@ def with_rope_scaling(config, scaling=None, max_position_embeddings=None):
         )
     config = defaults.fill(config)  # a full, mutable copy
     own_length = config.model.rope.max_position_embeddings or config.data.seq_len
+    _check_rule_replaces_only_the_rule(config.model.rope.scaling, scaling)
     with config.model.rope.ignore_type():
         if scaling is not None:
             rotated = config.model.rope.scaling.get("partial_rotary_factor")
@@ -189,6 +190,29 @@ def with_rope_scaling(config, scaling=None, max_position_embeddings=None):
     if max_position_embeddings is not None:
         _check_length_read(config, own_length, max_position_embeddings)
     return config
+
+
+# Rules that also decide which pairs rotate (not only how a context is scaled): another
+# rule given at evaluation would silently change the rotated pairs, so it is refused
+PAIR_RULES = ("proportional",)
+
+
+def _check_rule_replaces_only_the_rule(own, scaling) -> None:
+    """A ValueError for a rule given at evaluation that would change which pairs rotate:
+    a `proportional` run (p-RoPE: the whole-head ladder with its lowest (1 - p) of pairs
+    at zero frequency) under another rule would rotate the first p of the head on that
+    rule's ladder instead, a different model (it read 2.618 against 2.478 as trained under
+    yarn at factor 1, which changes no frequency)."""
+    if scaling is None or own.get("rope_type") not in PAIR_RULES:
+        return
+    given = scaling.get("rope_type", scaling.get("type", "default"))
+    if given != own.get("rope_type"):
+        raise ValueError(
+            f"--rope_scaling rope_type={given!r}: this run's rule {own.get('rope_type')!r} "
+            f"(partial_rotary_factor={own.get('partial_rotary_factor')}) also decides which "
+            "pairs rotate, and another rule would change them rather than scale the context; "
+            "evaluating it under another rule is not supported"
+        )
 
 
 def _check_length_read(config, own_length: int, new: int) -> None:
