@@ -396,6 +396,13 @@ class Decoder(nnx.Module):
         Returns:
           float32 [B, T, V].
         """
+        return self._logits(self.hidden(tokens, positions, patches=patches, is_patch=is_patch,
+                                        segments=segments))  # fmt: skip
+
+    def hidden(self, tokens, positions=None, *, patches=None, is_patch=None, segments=None):
+        """The last block's output [B, T, D] in the compute dtype (arguments as `__call__`):
+        `logits_of(hidden(...))` is `__call__`, for a caller that projects a few positions
+        at a time onto the vocabulary (a long context's loss, position by position)."""
         b, t = tokens.shape
         if positions is None:
             positions = layouts.text_positions(jnp.zeros((b,)), t, self.num_axes, xp=jnp)
@@ -403,6 +410,10 @@ class Decoder(nnx.Module):
         call = nnx.remat(Block.__call__) if self.remat == "block" else Block.__call__
         for block in self.blocks:
             x = call(block, x, positions, segments)
+        return x
+
+    def logits_of(self, x) -> jax.Array:
+        """float32 logits [..., V] of hidden states `x` [..., D] (final norm, then head)."""
         return self._logits(x)
 
     def _embed(self, tokens, positions, patches, is_patch) -> jax.Array:
