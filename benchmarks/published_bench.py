@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import statistics
@@ -67,7 +68,10 @@ def ours(dtype: str, args) -> dict:
     from rope_jax import hf
     from rope_jax.nn import generate
 
-    model, _, _ = hf.load("smollm2", dtype=dtype, param_dtype=dtype)
+    model, cfg, _ = hf.load("smollm2", dtype=dtype, param_dtype=dtype)
+    if args.impl != cfg.attention.impl:  # the attention kernel of our runs
+        cfg.attention.impl = args.impl
+        model = _with_config(model, cfg)
     graphdef, state = nnx.split(model)
     out = {"prefill": {}, "decode": {}}
     for length in args.lengths:
@@ -93,6 +97,17 @@ def ours(dtype: str, args) -> dict:
         total, first = median_s(full, args.repeats), median_s(prefill_only, args.repeats)
         out["decode"][batch] = batch * (args.new - 1) / max(total - first, 1e-9)
     return out
+
+
+def _with_config(model, cfg):
+    """The same parameters in a Decoder of `cfg` (another attention kernel)."""
+    from flax import nnx
+
+    from rope_jax.nn import model as model_lib
+
+    fresh = nnx.eval_shape(lambda: model_lib.Decoder(cfg, rngs=nnx.Rngs(0)))
+    graphdef, _ = nnx.split(fresh)
+    return nnx.merge(graphdef, nnx.state(model))
 
 
 # ------------------------------------------------------------------------ transformers
@@ -156,15 +171,46 @@ def llamacpp_peer(path: str, args) -> dict:
     def decode():
         llm.reset()
         llm.eval(ids)
-        start, token = time.perf_counter(), int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        start, token = time.perf_counter(), last_token(llm)
         for _ in range(args.new - 1):
             llm.eval([token])
-            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            token = last_token(llm)
         return time.perf_counter() - start
 
     decode()
     out["decode"][1] = (args.new - 1) / statistics.median(decode() for _ in range(args.repeats))
     return out
+
+
+def last_token(llm) -> int:
+    """The greedy token of the last position, read from llama.cpp's own buffer (the
+    Python wrapper's `scores`/`eval_logits` copy every position's logits)."""
+    import llama_cpp
+
+    logits = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+    return int(np.argmax(np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),))))
+
+
+def _with_f32_file(args) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        return llamacpp_peer(f32_file(tmp), args)
+
+
+def _settings(args) -> dict:
+    keys = ("lengths", "batches", "context", "new", "repeats", "threads", "impl")
+    return {k: getattr(args, k) for k in keys}
+
+
+def _load_partial(path: str, args) -> dict:
+    """The peers a stopped run of the same settings measured (JSON keys back to ints)."""
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        saved = json.load(f)
+    if saved.get("settings") != json.loads(json.dumps(_settings(args))):
+        return {}
+    return {name: {kind: {int(k): v for k, v in row.items()} for kind, row in r.items()}
+            for name, r in saved["results"].items()}  # fmt: skip
 
 
 def f32_file(tmp: str) -> str:
@@ -187,7 +233,8 @@ def page(results: dict, args, command: str) -> str:
         "# Speed on the published model (SmolLM2-135M-Instruct)",
         "",
         f"Command: `{command}` ({datetime.date.today()}). CPU: {provenance.devices()}, "
-        f"{args.threads} threads for every implementation. Tokens/s, median of "
+        f"{args.threads} threads for every implementation; our attention kernel "
+        f"`{args.impl}`. Tokens/s, median of "
         f"{args.repeats} after a warm-up. Prefill: one prompt of T tokens into the cache and "
         "the last position's logits. Decode: greedy tokens after a prompt of "
         f"{args.context} at batch B, {args.new} new tokens.",
@@ -218,26 +265,33 @@ def main() -> None:
     p.add_argument("--new", type=int, default=33)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--impl", default="chunked", help="our attention kernel (xla | chunked)")
     p.add_argument("--peers", default="ours,transformers,llamacpp")
     p.add_argument("--out", default="results/performance/published_bench.md")
     args = p.parse_args()
     args.lengths = [int(x) for x in args.lengths.split(",")]
     args.batches = [int(x) for x in args.batches.split(",")]
     peers = args.peers.split(",")
-    results = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for dtype in ("float32", "bfloat16"):
-            short = "f32" if dtype == "float32" else "bf16"
-            if "ours" in peers:
-                results[f"ours {short}"] = ours(dtype, args)
-                print(f"ours {short}: {results[f'ours {short}']}", flush=True)
-            if "transformers" in peers:
-                results[f"transformers {short}"] = transformers_peer(dtype, args)
-                print(f"transformers {short}: {results[f'transformers {short}']}", flush=True)
-        if "llamacpp" in peers:
-            results["llama.cpp Q4_1"] = llamacpp_peer(published.resolve("smollm2"), args)
-            results["llama.cpp F32"] = llamacpp_peer(f32_file(tmp), args)
-            print(f"llama.cpp: {results['llama.cpp Q4_1']} {results['llama.cpp F32']}", flush=True)
+    partial = os.path.splitext(args.out)[0] + ".partial.json"
+    results = _load_partial(partial, args)  # a run stopped part way resumes at its peer
+    jobs = []
+    for dtype, short in (("float32", "f32"), ("bfloat16", "bf16")):
+        if "ours" in peers:
+            jobs.append((f"ours {short}", functools.partial(ours, dtype, args)))
+        if "transformers" in peers:
+            jobs.append(
+                (f"transformers {short}", functools.partial(transformers_peer, dtype, args))
+            )
+    if "llamacpp" in peers:
+        jobs.append(("llama.cpp Q4_1", lambda: llamacpp_peer(published.resolve("smollm2"), args)))
+        jobs.append(("llama.cpp F32", lambda: _with_f32_file(args)))
+    for name, job in jobs:
+        if name in results:
+            continue
+        results[name] = job()
+        print(f"{name}: {results[name]}", flush=True)
+        with open(partial, "w") as f:  # each peer's figures kept as soon as measured
+            json.dump({"settings": _settings(args), "results": results}, f, indent=1)
     command = "python benchmarks/published_bench.py " + " ".join(sys.argv[1:])
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
