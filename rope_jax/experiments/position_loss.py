@@ -36,6 +36,8 @@ import time
 import jax
 import numpy as np
 
+from rope_jax import signals
+
 RULES = {
     "none": lambda f, t: None,
     "linear": lambda f, t: {"rope_type": "linear", "factor": f},
@@ -177,6 +179,7 @@ def plot(path: str, cells: list[dict], meta: dict) -> None:
 
 
 def main(argv=None) -> None:
+    signals.release_signals()  # one that came while the modules imported: stops it here
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workdir", required=True)
     p.add_argument("--out", required=True)
@@ -216,7 +219,10 @@ def main(argv=None) -> None:
                 cells.append(cell)
                 continue
         start = time.time()
-        cell = score(args.workdir, rule, batch, step=args.step)
+        try:
+            cell = score(args.workdir, rule, batch, step=args.step)
+        except KeyboardInterrupt as e:  # the cells written so far stay; a rerun resumes
+            sys.exit(signals.interrupted(e, "the same command resumes"))
         losses = cell.pop("losses")
         cell.update(want, buckets=buckets(losses, args.bucket), mean=float(losses.mean()),
                     seconds=round(time.time() - start, 1))  # fmt: skip
