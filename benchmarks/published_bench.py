@@ -300,6 +300,8 @@ def main() -> None:
         json.dump(
             {"command": command, "cpu": provenance.devices(), "results": results}, f, indent=1
         )
+    if os.path.isfile(partial):  # the run is whole: its page and JSON hold every peer
+        os.remove(partial)
     print(f"wrote {args.out}")
 
 
