@@ -1,7 +1,6 @@
 """GGUF files (llama.cpp's checkpoint format): opening, metadata, split parts, vocabulary.
 
-    reader = gguf_file.open_parts("model.gguf")[0]      # ggml-org's `gguf.GGUFReader`
-    meta = gguf_file.metadata(reader)                   # {key: python value}
+    readers, meta = gguf_file.read("model.gguf")        # `gguf.GGUFReader`s, {key: value}
     text, specials = gguf_file.tokenizer_json(meta, where="model.gguf")
 
 A GGUF file is a header of typed key/value metadata (the architecture, the rope
@@ -13,6 +12,9 @@ missing, a tokenizer whose model or pre-tokenizer is not one this project rebuil
 
 Split checkpoints (`NAME-00001-of-00003.gguf`, llama.cpp's gguf-split) are read whole:
 `open_parts` opens every part from any one of them; the first holds the metadata.
+`read` is the one way in: it opens a checkpoint once (about 2 s for a 49k-token
+vocabulary) and keeps it while its files are unchanged, for the config, the tensors and
+the tokenizer alike.
 
 The tokenizer (`tokenizer.ggml.model = "gpt2"`, a byte-level BPE) becomes an HF
 `tokenizer.json`: the vocabulary `tokenizer.ggml.tokens`, the merges
@@ -23,6 +25,7 @@ file's: `encode` gives what llama.cpp's own tokenizer gives for these pre-tokeni
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -117,6 +120,21 @@ def open_parts(path: str) -> list:
             raise GGUFError(f"{p}: split.no/split.count do not match its name (part {i + 1} "
                             f"of {len(paths)})")  # fmt: skip
     return readers
+
+
+def read(path: str) -> tuple[tuple, dict]:
+    """(the readers of every part, the first part's metadata) of the checkpoint `path`,
+    opened once and kept while its parts are unchanged (same size and mtime); GGUFError
+    as `open_parts`."""
+    paths = part_paths(path)
+    version = tuple((os.stat(p).st_mtime_ns, os.stat(p).st_size) for p in paths)
+    return _read(tuple(os.path.realpath(p) for p in paths), version)
+
+
+@functools.lru_cache(maxsize=4)
+def _read(paths: tuple, _version: tuple) -> tuple[tuple, dict]:
+    readers = tuple(open_parts(paths[0]))
+    return readers, metadata(readers[0])
 
 
 def _value(reader, key: str, default):

@@ -268,7 +268,7 @@ def load_hf(path: str, info: dict | None = None) -> HFTokenizer:
 def load_gguf(path: str) -> HFTokenizer:
     """The tokenizer inside a GGUF file (`gguf_file.tokenizer_json`: its vocabulary,
     merges, special ids and chat template); one ValueError line when it has none."""
-    meta = gguf_file.metadata(gguf_file.open_parts(path)[0])
+    meta = gguf_file.read(path)[1]
     text, specials = gguf_file.tokenizer_json(meta, where=path)
     tok = _import_hf(path).Tokenizer.from_str(text)
     name = f"gguf-{_text_hash(text)}"

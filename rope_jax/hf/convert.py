@@ -96,7 +96,7 @@ def tokenizer_path(path: str) -> str | None:
     tokenizer.json, a GGUF file itself when it holds one; None when it has none."""
     path = published.resolve(path)
     if gguf.is_gguf(path):
-        meta = gguf_file.metadata(gguf_file.open_parts(path)[0])
+        meta = gguf_file.read(path)[1]
         return os.path.abspath(path) if gguf_file.has_tokenizer(meta) else None
     file = os.path.abspath(os.path.join(path, TOKENIZER_FILE))
     return file if os.path.isfile(file) else None

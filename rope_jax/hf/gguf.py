@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import re
 
 import numpy as np
@@ -131,21 +130,13 @@ def is_gguf(path: str) -> bool:
     return gguf_file.is_gguf(path)
 
 
-def _open(path: str) -> tuple[list, dict]:
-    """(readers of every part, the first part's metadata), as HFError for a bad file;
-    kept while the file is unchanged."""
-    real = os.path.realpath(os.path.expanduser(path))
-    stat = os.stat(real) if os.path.isfile(real) else None
-    return _open_file(real, stat and (stat.st_mtime_ns, stat.st_size))
-
-
-@functools.lru_cache(maxsize=4)
-def _open_file(path: str, _version) -> tuple[list, dict]:
+def _open(path: str) -> tuple[tuple, dict]:
+    """(readers of every part, the first part's metadata) (`gguf_file.read`, opened once),
+    as HFError for a bad file."""
     try:
-        readers = gguf_file.open_parts(path)
+        return gguf_file.read(path)
     except gguf_file.GGUFError as e:
         raise HFError(str(e)) from None
-    return readers, gguf_file.metadata(readers[0])
 
 
 def architecture(path: str) -> tuple[str, Architecture]:
