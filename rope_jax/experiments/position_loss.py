@@ -112,8 +112,6 @@ def token_losses(graphdef, state, tokens):
 
 def score(workdir: str, rule: tuple[str, float | None], batch: np.ndarray, *, step=None) -> dict:
     """The cell of one rule: per window, the losses' bucket means (filled by the caller)."""
-    from flax import nnx
-
     from rope_jax import defaults
     from rope_jax.harness import checks, runfiles, setup
     from rope_jax.harness.evaluate import restore, with_rope_scaling, without_corpus
@@ -125,8 +123,7 @@ def score(workdir: str, rule: tuple[str, float | None], batch: np.ndarray, *, st
     config = with_rope_scaling(config, scaling, None)
     run = setup.build(without_corpus(config), vocab_from_data=False)
     step, state = restore(workdir, run, step, fallback=False)
-    graphdef, params = nnx.split(nnx.merge(run.graphdef, state["params"]))
-    losses = [np.asarray(token_losses(graphdef, params, row[None])) for row in batch]
+    losses = [np.asarray(token_losses(run.graphdef, state["params"], row[None])) for row in batch]
     return {"rule": rule[0], "factor": rule[1], "rope_scaling": scaling, "step": int(step),
             "trained_length": int(trained), "losses": np.stack(losses)}  # fmt: skip
 
