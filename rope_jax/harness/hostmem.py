@@ -27,7 +27,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from rope_jax.harness import setup
+from rope_jax import defaults
+from rope_jax.harness import checks, console, setup
 from rope_jax.harness.workdir import format_bytes
 from rope_jax.nn import model as model_lib  # the decoding cache's owner
 
@@ -91,9 +92,6 @@ def fit_eval(run, config, seq_lens, *, decoding: bool = False, free: int | None 
     fits = lambda c: sum(eval_needs(run, c, longest, decoding=decoding).values()) <= free
     if fits(config):
         return config
-    from rope_jax import defaults  # the config's owner (a full mutable copy)
-    from rope_jax.harness import checks, console
-
     changed = defaults.fill(config)
     if changed.model.attention.impl in ("xla", "dot_product"):
         changed.model.attention.impl = "chunked"
