@@ -35,12 +35,16 @@ from configs import common, lm
 
 SITE_ROWS = ("qk", "vo", "qkvo", "nope", "tied_qkvo")  # each with and without a sink
 OPEN_ROWS = ("irope", "v4")  # open models' attention, from lm.EXTRA_ROWS
-SLICE = {"model.rope.layout": "interleaved", "model.rope.scaling.partial_rotary_factor": 0.125}
+SLICE = {"model.rope.layout": "interleaved", "model.rope.pairs.rule": "first",
+         "model.rope.pairs.fraction": 0.125}  # fmt: skip
 NO_NOPE = {"model.rope.nope_every": 0, "model.rope.nope_attn_scale": 0.0}
 # row -> (the row it changes, size preset -> the changes): the rotated slice alone, then
 # iRoPE's parts
 CHANGED_ROWS = {
-    "v4_whole_head": ("v4", lambda p: {"model.rope.scaling.partial_rotary_factor": 1.0}),
+    "v4_whole_head": (
+        "v4",
+        lambda p: {"model.rope.pairs.rule": "all", "model.rope.pairs.fraction": None},
+    ),
     "tied_qkvo_h8": ("tied_qkvo", lambda p: SLICE),
     "irope_no_l2": ("irope", lambda p: {"model.attention.qk_l2_norm": False}),
     "irope_no_chunks": (

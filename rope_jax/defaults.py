@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 import ml_collections
 
-from rope_jax import scaling
+from rope_jax import pairs, scaling
 
 # The tiny decoder (LLaMA-like: RMSNorm, SwiGLU, grouped-query attention): the shape of
 # `config()`; `configs/common.SIZES` holds the other presets.
@@ -70,17 +70,31 @@ def load_module(path: str):
 
 
 def migrate(raw) -> dict:
-    """A config (dict or ConfigDict, left as it is) saved before the layout scheme moved
-    to `data.scheme` and the number of position axes became the data's, as a dict with
-    `model.rope.scheme` moved and `num_axes` dropped. (Fields added since a run was saved
-    need nothing: `fill` gives them their defaults, which are the values those runs used.)"""
+    """A config (dict or ConfigDict, left as it is) saved by an older version, as a dict of
+    today's fields: the layout scheme moved from `model.rope.scheme` to `data.scheme`,
+    `num_axes` dropped (the data's now), and HF's `partial_rotary_factor` and rope_type
+    "proportional" moved from `model.rope.scaling` to `model.rope.pairs` (which pairs
+    turn; `pairs.from_hf`). Fields added since a run was saved need nothing: `fill` gives
+    them their defaults, which are the values those runs used."""
     raw = copy.deepcopy(_plain(raw))
     rope = raw.get("model", {}).get("rope", {})
     scheme = rope.pop("scheme", None)
     rope.pop("num_axes", None)
     if scheme is not None and "data" in raw:
         raw["data"].setdefault("scheme", scheme)
+    rule = rope.get("scaling")
+    if isinstance(rule, Mapping) and (
+        "partial_rotary_factor" in rule or rule.get("rope_type") == "proportional"
+    ):
+        spec, rule = pairs.from_hf(rule)
+        rope["scaling"] = {key: rule.get(key) for key in rope["scaling"] if key in _RULE_KEYS}
+        rope["scaling"].update(rule)
+        if spec.rule != "all":
+            rope.setdefault("pairs", spec.config())
     return raw
+
+
+_RULE_KEYS = ("rope_type", *scaling.KEYS)
 
 
 _placeholder = ml_collections.config_dict.placeholder  # a typed None (settable by flag)
@@ -145,11 +159,19 @@ def model(shape: dict = SHAPE) -> ml_collections.ConfigDict:
     model.rope.allocation = "interleaved"  # pair -> axis: interleaved | sections
     model.rope.sections = ()  # pairs per axis (one per position axis) for allocation=sections,
     # summing to H/2; the data decides the number of axes A (1 text, 2 image, 3 video)
+    # Which pairs turn (rope_jax.pairs, docs/maths.md#which-pairs-turn): all | first (the
+    # leading int(H * fraction) numbers rotate, the rest pass: HF's partial_rotary_factor)
+    # | proportional (p-RoPE: whole-head ladder, the first floor(fraction * H/2) pairs turn)
+    # | index (the listed pairs turn; 0 = the fastest) | half_truncated (modded-nanogpt)
+    model.rope.pairs = ml_collections.ConfigDict()
+    model.rope.pairs.rule = "all"
+    model.rope.pairs.fraction = _placeholder(float)  # first, proportional: share in [0, 1]
+    model.rope.pairs.index = ()  # index: the pair indices that turn
     # Context scaling (docs/maths.md#context-scaling), Hugging Face `rope_parameters` keys;
     # a key left None is absent, e.g. --config.model.rope.scaling.rope_type=yarn
     # --config.model.rope.scaling.factor=4. The rule applies to every rotating (global) layer.
     model.rope.scaling = ml_collections.ConfigDict()
-    # rope_type: default | linear | dynamic | yarn | longrope | llama3 | proportional
+    # rope_type: default | linear | dynamic | yarn | longrope | llama3
     model.rope.scaling.rope_type = "default"  # the rule; default = plain RoPE
     for key, spec in scaling.KEYS.items():  # one typed None per other key: f (factor),
         model.rope.scaling[key] = _placeholder(spec.kind)  # L0, yarn's betas ... (`scaling.KEYS`)

@@ -56,6 +56,19 @@ def check_kind(kind: Any, field: str = "learned") -> str:
     return kind
 
 
+def refusal(spec: RopeSpec) -> str | None:
+    """Why learned frequencies cannot start from `spec` (one line), or None: they start
+    from the fixed ladder over the whole head, so a context rule (which rescales fixed
+    frequencies by the length) or a pair selection other than all has no meaning here."""
+    if spec.scaling is not None:
+        return (f"learned frequencies start from the fixed ladder; rope_type="
+                f"{spec.rope_type!r} rescales it")  # fmt: skip
+    if spec.pairs.rule != "all":
+        return (f"learned frequencies turn every pair of the head; pairs.rule="
+                f"{spec.pairs.rule!r} freezes or drops some")  # fmt: skip
+    return None
+
+
 def initial_freqs(
     head_dim: int, num_kv_heads: int, rope: RopeSpec | None = None, *, num_axes: int = 1
 ) -> np.ndarray:
@@ -68,11 +81,9 @@ def initial_freqs(
       float32 [K, P, A].
     """
     spec = RopeSpec.of(rope)
-    if spec.scaling is not None:
-        raise ValueError(
-            f"learned frequencies start from the fixed ladder; scaling={dict(spec.scaling)} "
-            "rescales it"
-        )
+    refused = refusal(spec)
+    if refused:
+        raise ValueError(refused)
     freqs, axes = rotary.pair_table(head_dim, spec, num_axes=num_axes)
     theta = np.zeros((num_kv_heads, freqs.size, num_axes), np.float32)
     theta[:, np.arange(freqs.size), axes] = freqs

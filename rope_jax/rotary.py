@@ -6,7 +6,7 @@ input dtype (a bfloat16 phase at position 1e5 is off by hundreds of radians).
 
 Shape legend:
   B batch, T positions, N heads, H head dim (even), P = H/2 rotation pairs,
-  P' rotated pairs (P, or fewer with scaling's partial_rotary_factor < 1),
+  D the rotated block (H, or the leading D numbers: `pairs`), P' = D/2 its pairs,
   A position axes (1 text, 2 image (h, w), 3 video (t, h, w)).
 
 Vocabulary (the same names as the config fields `config.model.rope.*`):
@@ -21,37 +21,43 @@ Vocabulary (the same names as the config fields `config.model.rope.*`):
               i < A * sections[i mod A], else axis 0; "videorope" VideoRoPE's
               low-frequency temporal allocation: the last sections[0] pairs (the slowest)
               follow axis 0 (t), the others take turns over axes 1..A-1.
+  pairs       which pairs turn (`rope_jax.pairs.PairSpec`): all | first (HF's
+              partial_rotary_factor) | proportional (p-RoPE) | index | half_truncated.
   scaling     a context-scaling rule with Hugging Face's `rope_parameters` keys
-              (`rope_jax.scaling`): rope_type linear | dynamic | yarn | longrope | llama3 |
-              proportional, partial_rotary_factor, ...; None = plain RoPE.
+              (`rope_jax.scaling`): rope_type linear | dynamic | yarn | longrope | llama3,
+              factor, ...; None = plain RoPE.
   max_position_embeddings  L, the length the rules scale from (HF's field of that name).
 
-These seven settings form one value, `RopeSpec`, validated when it is made. Every
+These eight settings form one value, `RopeSpec`, validated when it is made. Every
 function takes a spec, or its fields as keywords (`rotate(x, p, layout="interleaved")`),
 or both (keywords override the spec's fields). The maths is in docs/maths.md#rotation,
 docs/maths.md#multimodal-rope-variants and docs/maths.md#context-scaling.
 
-With a scaling rule the frequencies are `scaling.scaled_frequencies`; with
-partial_rotary_factor < 1 only the first D = 2P' numbers of a head rotate (the layout's
-pairs inside them, as HF's GPT-NeoX / Phi / Llama code rotates `q[..., :rotary_dim]`)
+The frequencies are a pipeline of three stages, one registry each: the ladder
+(`LADDERS`), the pairs that turn (`pairs.SELECTIONS`: the block D the layout pairs, the
+width the ladder spreads over, the pairs frozen at frequency 0) and the context rule
+(`scaling.RULES`, standard ladder only). With a block D < H only x[..., :D] rotates (the
+layout's pairs inside it, as HF's GPT-NeoX / Phi code rotates `q[..., :rotary_dim]`)
 and the rest pass through. `dynamic` and `longrope` depend on the current length:
-`seq_len`, a static int (default in `rotate`: T, x's length; attention passes its number
-of key slots). A rule's attention factor is not part of the rotation (which stays
-orthogonal): `attention_factor` returns it, and attention multiplies the q.k logits by
-it once per rotated q or k site (HF multiplies cos and sin of q and k, i.e. factor^2).
+`seq_len`, a static int that they require (attention passes its number of key slots;
+x's own T would be 1 in a decode step). A rule's attention factor is not part of the
+rotation (which stays orthogonal): `attention_factor` returns it, and attention
+multiplies the q.k logits by it once per rotated q or k site (HF multiplies cos and sin
+of q and k, i.e. factor^2).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rope_jax.pairs import PairSpec
 from rope_jax.scaling import RULES as SCALING_RULES
 from rope_jax.scaling import check_scaling, scaled_frequencies  # noqa: F401 (the public API)
 
@@ -86,6 +92,7 @@ class RopeSpec:
     layout: str = "half"
     allocation: str = "interleaved"
     sections: tuple[int, ...] | None = None
+    pairs: PairSpec = PairSpec()
     scaling: tuple[tuple[str, Any], ...] | None = None
     max_position_embeddings: int | None = None
 
@@ -116,11 +123,12 @@ class RopeSpec:
                 f"{', '.join(a for a in ALLOCATIONS if a != 'interleaved')}, or sections=()"
             )
         scaling = _scaling_items(self.scaling)
-        if scaling is not None and self.ladder != "standard":
+        if scaling is not None and not LADDERS[self.ladder].takes_rule:
             raise ValueError(
                 f"ladder={self.ladder!r} takes no scaling (got rope_type="
                 f"{dict(scaling)['rope_type']!r}): the rules rescale the standard ladder"
             )
+        object.__setattr__(self, "pairs", PairSpec.of(self.pairs))
         max_pos = self.max_position_embeddings
         if max_pos is not None and (
             isinstance(max_pos, bool) or not isinstance(max_pos, (int, np.integer)) or max_pos < 1
@@ -154,7 +162,7 @@ class RopeSpec:
 
 
 SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(RopeSpec))
-_PLAIN = {"rope_type": "default", "partial_rotary_factor": 1.0}
+_PLAIN = {"rope_type": "default"}
 
 
 def _scaling_items(scaling) -> tuple[tuple[str, Any], ...] | None:
@@ -169,7 +177,7 @@ def _scaling_items(scaling) -> tuple[tuple[str, Any], ...] | None:
             scaling = dict(scaling)
         except (TypeError, ValueError):
             raise ValueError(f"scaling={scaling!r} must be a dict of rope scaling keys") from None
-    params = check_scaling(scaling, head_dim=None)
+    params = check_scaling(scaling, dim=None)
     if params == _PLAIN:
         return None
     hashable = lambda v: tuple(v) if isinstance(v, list) else v
@@ -286,39 +294,62 @@ def _axes(head_dim: int, num_axes: int, spec: RopeSpec, pairs: int | None = None
     return axes
 
 
-def _standard_exponents(head_dim: int, num_axes: int, spec: RopeSpec) -> np.ndarray:
-    """2i / H for pair i: one geometric ladder over all P pairs."""
-    pairs = head_dim // 2
+def _standard_exponents(pairs: int, num_axes: int, spec: RopeSpec) -> np.ndarray:
+    """2i / D for pair i of a ladder over D = 2 * pairs numbers: one geometric ladder."""
     return np.arange(pairs, dtype=np.float64) / pairs
 
 
-def _per_axis_exponents(head_dim: int, num_axes: int, spec: RopeSpec) -> np.ndarray:
+def _per_axis_exponents(pairs: int, num_axes: int, spec: RopeSpec) -> np.ndarray:
     """j / P_a for the j-th pair of axis a (P_a pairs): each axis its own whole ladder."""
-    axes = _axes(head_dim, num_axes, spec)
-    exponent = np.zeros(head_dim // 2, dtype=np.float64)
+    axes = _axes(2 * pairs, num_axes, spec)
+    exponent = np.zeros(pairs, dtype=np.float64)
     for a in range(num_axes):
         idx = np.flatnonzero(axes == a)
         exponent[idx] = np.arange(idx.size) / max(idx.size, 1)
     return exponent
 
 
-# ladder name -> (head_dim, num_axes, spec) -> float64 [P] exponents e_i, theta_i = base ** -e_i
-LADDERS = {"standard": _standard_exponents, "per_axis": _per_axis_exponents}
+@dataclasses.dataclass(frozen=True)
+class Ladder:
+    """One frequency ladder: (pairs of its width, A, spec) -> float64 exponents e_i with
+    theta_i = base ** -e_i, and whether the context rules (defined on the standard
+    geometric ladder) may rescale it."""
+
+    exponents: Callable[[int, int, RopeSpec], np.ndarray]
+    takes_rule: bool
 
 
-def _frequencies(head_dim: int, num_axes: int, spec: RopeSpec) -> np.ndarray:
-    exponent = LADDERS[spec.ladder](head_dim, num_axes, spec)
-    return (spec.base**-exponent).astype(np.float32)
+LADDERS = {
+    "standard": Ladder(_standard_exponents, takes_rule=True),
+    "per_axis": Ladder(_per_axis_exponents, takes_rule=False),
+}
 
 
 @functools.lru_cache(maxsize=256)
-def _scaled(head_dim: int, spec: RopeSpec, seq_len: int | None) -> tuple[np.ndarray, float]:
-    """(float32 [P'] frequencies, attention factor) of a standard-ladder spec with a rule."""
-    params = dict(spec.scaling)
-    max_pos = spec.max_position_embeddings
+def _scaled(dim: int, spec: RopeSpec, seq_len: int | None) -> tuple[np.ndarray, float]:
+    """(float32 [dim/2] frequencies, attention factor) of a ladder over `dim` numbers
+    under the spec's rule."""
     return scaled_frequencies(
-        head_dim, base=spec.base, scaling=params, max_position_embeddings=max_pos, seq_len=seq_len
-    )
+        dim, base=spec.base, scaling=dict(spec.scaling),
+        max_position_embeddings=spec.max_position_embeddings, seq_len=seq_len,
+    )  # fmt: skip
+
+
+def _ladder(head_dim: int, num_axes: int, spec: RopeSpec, seq_len) -> np.ndarray:
+    """float32 [D/2]: the block's frequencies through the three stages (ladder, rule,
+    pairs): the ladder over its width D_l (rescaled by the rule), laid on the block's
+    first D_l/2 pairs, the frozen pairs at 0."""
+    block, width, turning = spec.pairs.select(head_dim)
+    if spec.scaling is None:
+        exponent = LADDERS[spec.ladder].exponents(width // 2, num_axes, spec)
+        ladder = (spec.base**-exponent).astype(np.float32)
+    else:
+        ladder = _scaled(width, spec, seq_len)[0]
+    freqs = np.zeros(block // 2, np.float32)
+    freqs[: ladder.size] = ladder
+    if turning is not None:
+        freqs[~turning] = 0.0
+    return freqs
 
 
 @functools.lru_cache(maxsize=256)
@@ -326,10 +357,7 @@ def _pair_table(
     head_dim: int, num_axes: int, spec: RopeSpec, seq_len: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
     _check_head_dim(head_dim)
-    if spec.scaling is None:
-        freqs = _frequencies(head_dim, num_axes, spec)
-    else:
-        freqs = _scaled(head_dim, spec, seq_len)[0].copy()
+    freqs = _ladder(head_dim, num_axes, spec, seq_len)
     axes = _axes(head_dim, num_axes, spec, freqs.size)
     freqs.flags.writeable = axes.flags.writeable = False  # shared by the cache
     return freqs, axes
@@ -375,7 +403,8 @@ def attention_factor(
     if spec.scaling is None:
         return 1.0
     _check_head_dim(int(head_dim))
-    return _scaled(int(head_dim), spec, _length(spec, seq_len))[1]
+    width = spec.pairs.select(int(head_dim))[1]
+    return _scaled(width, spec, _length(spec, seq_len))[1]
 
 
 def axis_of_pair(
@@ -404,12 +433,14 @@ def frequencies(
 ) -> np.ndarray:
     """Rotation frequency of every rotated pair.
 
-    "standard": theta_i = base ** (-2 i / H) for i in [0, P), regardless of axes.
+    "standard": theta_i = base ** (-2 i / D_l) for i in [0, D_l/2), regardless of axes
+    (D_l = H unless `pairs` spreads the ladder over fewer numbers).
     "per_axis": the k-th pair driven by axis a (of n_a pairs) gets base ** (-k / n_a),
     i.e. every axis has the full geometric ladder over its own pairs (for 2-D with
     interleaved allocation this is theta_{2j} = theta_{2j+1} = base**(-4j/H)).
     With `scaling`: `scaling.scaled_frequencies` (standard ladder only; `seq_len` for
-    dynamic / longrope).
+    dynamic / longrope). `pairs` then lays the ladder on the block's pairs and sets the
+    frozen ones to 0 (`rope_jax.pairs`).
 
     Returns:
       float32 [P'].
@@ -477,7 +508,8 @@ def rotate(
         (base, ladder, layout, allocation, sections, scaling, max_position_embeddings:
         see the module docstring).
       inverse: apply the inverse rotation R^T (angle -phi), e.g. on attention outputs.
-      seq_len: static current length read by the dynamic / longrope rules; default T.
+      seq_len: static current length read by the dynamic / longrope rules, which need
+        it (x's T is not it in a decode step: attention passes its number of key slots).
 
     Returns:
       [B, T, N, H] in x's dtype.
@@ -498,7 +530,6 @@ def rotate(
             raise ValueError(
                 f"positions {tuple(positions.shape)} do not match x {tuple(x.shape)} on [..., T]"
             ) from None
-    seq_len = int(x.shape[-3]) if seq_len is None else seq_len
     phase = angles(positions, spec, head_dim=head_dim, seq_len=seq_len)  # [..., T, P']
     rotated = 2 * phase.shape[-1]  # D = 2P': a partial rotation leaves x[..., D:] as it is
     if rotated == head_dim:

@@ -7,9 +7,10 @@ square. `scaling` is a dict with the Hugging Face `rope_scaling` / `rope_paramet
 (None: plain RoPE; None values count as absent; old key `type` = `rope_type`); `check_scaling`
 validates one and fills its defaults before anything compiles.
 
-Shapes: H head dim, P = H/2 pairs, D = int(H * partial_rotary_factor) rotated dims, P' = D/2.
-Every type takes `partial_rotary_factor` (default 1): only the first D numbers of a head rotate
-and the ladder is spread over D, theta_i = base ** (-2 i / D), i < P'.
+Shapes: D the head numbers the ladder is spread over (the whole head H, or fewer when a pair
+selection of `rope_jax.pairs` says so), P' = D/2 pairs, theta_i = base ** (-2 i / D), i < P'.
+A rule rescales this ladder; which pairs of a head turn is not a rule's business (`pairs`:
+Hugging Face's `partial_rotary_factor` and rope_type "proportional" are read there).
 
 f = factor, L = max_position_embeddings (the length the model now claims), L0 =
 original_max_position_embeddings (the pretraining length, default L), T = seq_len:
@@ -31,9 +32,6 @@ original_max_position_embeddings (the pretraining length, default L), T = seq_le
   llama3        by wavelength w_i = 2 pi / theta_i, with lo, hi = low_freq_factor,
                 high_freq_factor: w < L0 / hi keeps theta_i, w > L0 / lo gets theta_i / f, in
                 between (1 - s) theta_i / f + s theta_i with s = (L0 / w - lo) / (hi - lo).
-  proportional  (Gemma-style) ladder over the whole head, theta_i = base ** (-2 i / H); the first
-                floor(partial_rotary_factor * H / 2) pairs rotate, the rest get frequency 0;
-                all P entries, divided by f (default 1).
 attention_factor is 1 except for yarn and longrope; an explicit `attention_factor` key wins.
 """
 
@@ -47,7 +45,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-BASE_KEYS = "rope_type partial_rotary_factor"  # every rule takes these
+BASE_KEYS = "rope_type"  # every rule takes it
+# HF's keys for which pairs rotate belong to the pair selection, not to a rule
+PAIR_HINT = (
+    " (which pairs rotate is model.rope.pairs, not a context rule: rope_jax.pairs.from_hf "
+    "reads HF's partial_rotary_factor and proportional)"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +64,7 @@ class Rule:
     defaults: Mapping = dataclasses.field(default_factory=dict)
     check: Callable[[dict], None] | None = None  # relations between its keys
     reads_length: bool = False  # its frequencies change with seq_len
+    least_dim: int = 2  # the fewest ladder numbers D it is defined on
 
     @property
     def allowed(self) -> frozenset[str]:
@@ -106,8 +110,6 @@ def _finite(means: str) -> Key:
 KEYS: dict[str, Key] = {
     "factor": Key(float, lambda v: _real(v) and v >= 1, "a number >= 1",
                   "f, context extension factor (>= 1)"),
-    "partial_rotary_factor": Key(float, lambda v: _real(v) and 0 <= v <= 1, "a number in [0, 1]",
-                                 "rotated share of H; None = 1"),
     "original_max_position_embeddings": Key(int, _pos_int, "a positive integer", "L0; None = L"),
     "attention_factor": _positive("logit factor (yarn, longrope)"),
     "beta_fast": _positive("yarn: turns kept as they are (32)"),
@@ -138,33 +140,29 @@ def _need(name: str, value, rope_type: str, why: str):
     return value
 
 
-def _rotary_dim(params: dict, head_dim: int) -> int:
-    """D, the number of rotated dims (the whole head for `proportional`, which zeroes pairs)."""
-    rope_type, p = params["rope_type"], params["partial_rotary_factor"]
-    if rope_type == "proportional":
-        return head_dim
-    dim = int(head_dim * p)
-    least = 4 if rope_type == "dynamic" else 2  # dynamic's exponent D / (D - 2)
-    if dim < least or dim % 2:
-        raise _bad(
-            "partial_rotary_factor", p, rope_type,
-            f"such that D = int({head_dim} * p) is even and >= {least}, got D={dim}",
-        )  # fmt: skip
-    return dim
+def _check_dim(params: dict, dim: int) -> None:
+    """The ladder width D fits the rule (dynamic's exponent D / (D - 2) needs D >= 4)."""
+    least = RULES[params["rope_type"]].least_dim
+    if dim < least:
+        raise ValueError(
+            f"rope_type={params['rope_type']!r} needs a ladder over at least {least} head "
+            f"numbers, got D={dim} (fewer pairs rotate: see model.rope.pairs)"
+        )
 
 
 def check_scaling(
-    scaling: Mapping | None, *, head_dim: int | None, max_position_embeddings=None
+    scaling: Mapping | None, *, dim: int | None, max_position_embeddings=None
 ) -> dict:
     """Validates a scaling dict and returns a new one with rope_type and defaults filled.
 
     `max_position_embeddings`, when known, fills the default `original_max_position_embeddings`
-    of yarn / longrope / llama3. `head_dim=None` skips the checks that need the head (D and the
+    of yarn / longrope / llama3. `dim` is D, the head numbers the ladder spreads over;
+    `dim=None` skips the checks that need it (D's least size per rule and the
     lengths of short_factor / long_factor), for a spec made before its head is known. Raises
     ValueError (one line naming the key) on bad input.
     """
     _check_arg(
-        "head_dim", head_dim, lambda v: _pos_int(v) and v % 2 == 0, "a positive even int",
+        "dim", dim, lambda v: _pos_int(v) and v % 2 == 0, "a positive even int",
         optional=True,
     )  # fmt: skip
     max_pos = max_position_embeddings
@@ -181,12 +179,16 @@ def check_scaling(
             )
     rope_type = params.setdefault("rope_type", "default")
     if not isinstance(rope_type, str) or rope_type not in RULES:  # the key the dict has
-        raise ValueError(f"scaling[{named!r}]={rope_type!r} must be one of {', '.join(RULES)}")
+        hint = PAIR_HINT if rope_type == "proportional" else ""
+        raise ValueError(
+            f"scaling[{named!r}]={rope_type!r} must be one of {', '.join(RULES)}{hint}"
+        )
     rule = RULES[rope_type]
     allowed = rule.allowed
     for key in params:
         if key not in allowed:
-            hint = " (pass the base as base=)" if key == "rope_theta" else ""
+            hint = {"rope_theta": " (pass the base as base=)",
+                    "partial_rotary_factor": PAIR_HINT}.get(key, "")  # fmt: skip
             raise ValueError(
                 f"scaling has unknown key {key!r} for rope_type={rope_type!r}{hint}; "
                 f"allowed: {', '.join(sorted(allowed))}"
@@ -199,10 +201,11 @@ def check_scaling(
         ok, words = (key_spec.ok, key_spec.allowed) if key_spec else (bool, "")
         if not ok(value):
             raise _bad(key, value, rope_type, words)
-    params = {"partial_rotary_factor": 1.0, **rule.defaults, **params}
+    params = {**rule.defaults, **params}
     if "original_max_position_embeddings" in allowed and max_pos is not None:
         params.setdefault("original_max_position_embeddings", max_pos)
-    dim = None if head_dim is None else _rotary_dim(params, head_dim)
+    if dim is not None:
+        _check_dim(params, dim)
     for key in ("short_factor", "long_factor"):
         if key in params:
             if dim is not None and len(params[key]) != dim // 2:
@@ -311,17 +314,10 @@ def _llama3(params, *, dim, base, max_pos, seq_len):
     return np.where(wavelen < l0 / high, theta, np.where(wavelen > l0 / low, theta / f, blend)), 1.0
 
 
-def _proportional(params, *, dim, base, max_pos, seq_len):
-    rotated = int(params["partial_rotary_factor"] * dim // 2)  # dim is the whole head here
-    inv_freq = np.zeros(dim // 2, np.float64)
-    inv_freq[:rotated] = _ladder(base, dim, rotated)
-    return inv_freq / params["factor"], 1.0
-
-
 RULES: dict[str, Rule] = {
     "default": Rule(_linear),
     "linear": Rule(_linear, "factor", required=("factor",)),
-    "dynamic": Rule(_dynamic, "factor", required=("factor",), reads_length=True),
+    "dynamic": Rule(_dynamic, "factor", required=("factor",), reads_length=True, least_dim=4),
     "yarn": Rule(
         _yarn,
         "factor original_max_position_embeddings attention_factor beta_fast beta_slow mscale"
@@ -341,31 +337,31 @@ RULES: dict[str, Rule] = {
         required=("factor", "low_freq_factor", "high_freq_factor"),
         check=_check_llama3,
     ),
-    "proportional": Rule(_proportional, "factor", defaults={"factor": 1.0}),
 }
 # rope_type -> the keys it takes (what HF's `rope_parameters` may hold for it)
 SCALING_KEYS: dict[str, frozenset[str]] = {name: rule.allowed for name, rule in RULES.items()}
 
 
 def scaled_frequencies(
-    head_dim: int,
+    dim: int,
     *,
     base: float,
     scaling: Mapping | None = None,
     max_position_embeddings: int | None = None,
     seq_len: int | None = None,
 ) -> tuple[np.ndarray, float]:
-    """Per-pair frequencies of an H-wide head under the rule `scaling` (module docstring).
+    """Per-pair frequencies of a ladder over `dim` = D head numbers under the rule `scaling`
+    (module docstring; D is the whole head H unless fewer numbers rotate).
 
     `base` is HF's rope_theta (> 1); `max_position_embeddings` is L, the model's maximum length;
     `seq_len` is T, the current length (dynamic and longrope need it). Returns float32 inv_freq
-    [P'] ([P] for proportional) and the attention factor that multiplies both cos and sin.
+    [D/2] and the attention factor that multiplies both cos and sin.
     """
     max_pos = max_position_embeddings
-    _check_arg("head_dim", head_dim, lambda v: _pos_int(v) and v % 2 == 0, "a positive even int")
-    params = check_scaling(scaling, head_dim=head_dim, max_position_embeddings=max_pos)
+    _check_arg("dim", dim, lambda v: _pos_int(v) and v % 2 == 0, "a positive even int")
+    params = check_scaling(scaling, dim=dim, max_position_embeddings=max_pos)
     _check_arg("base", base, lambda v: _real(v) and v > 1, "a number > 1")
     _check_arg("seq_len", seq_len, _pos_int, "a positive integer", optional=True)
-    dim, rule = _rotary_dim(params, head_dim), RULES[params["rope_type"]].frequencies
+    rule = RULES[params["rope_type"]].frequencies
     inv_freq, attention_factor = rule(params, dim=dim, base=base, max_pos=max_pos, seq_len=seq_len)
     return inv_freq.astype(np.float32), float(attention_factor)

@@ -103,7 +103,8 @@ def test_v4_row_is_deepseek_v4s_attention_at_every_size(size):
     m, p = config.model, common.SIZES[size]
     a = m.attention
     assert (m.num_kv_heads, a.kv, m.rope.sites, m.rope.layout) == (1, "tied", "qkvo", "interleaved")
-    assert m.rope.scaling.partial_rotary_factor == 0.125 and a.sinks and a.q_l2_norm and a.kv_norm
+    assert (m.rope.pairs.rule, m.rope.pairs.fraction) == ("first", 0.125)
+    assert a.sinks and a.q_l2_norm and a.kv_norm
     assert a.window == config.data.seq_len // 4 and not a.layer_types  # every layer sliding
     assert a.q_lora_rank == a.o_lora_rank == p["embed_dim"] // 4
     assert p["num_heads"] % a.o_groups == 0 and a.o_groups == max(2, p["num_heads"] // 8)
@@ -188,12 +189,12 @@ def test_attention_rows_are_lms_rows_with_and_without_a_sink():
         want.update_from_flattened_dict(changes(common.size_preset("tiny")))
         want.model.attention.sinks = row.endswith("_sinks") or want.model.attention.sinks
         assert config.to_dict() == want.to_dict(), row
-    assert attention.get_config("row=v4_whole_head").model.rope.scaling.partial_rotary_factor == 1
+    assert attention.get_config("row=v4_whole_head").model.rope.pairs.rule == "all"
     parts = {r: attention.get_config(f"row={r},size=l8").model for r in attention.CHANGED_ROWS}
     assert parts["irope_no_chunks"].attention.layer_types == ("full",) * 8
     assert not parts["irope_no_l2"].attention.qk_l2_norm and parts["qk_l2"].attention.qk_l2_norm
     assert parts["irope_no_nope"].rope.nope_every == 0 and parts["qk_l2"].rope.sites == "qk"
     h8 = attention.get_config("row=tied_qkvo_h8").model
-    assert h8.rope.scaling.partial_rotary_factor == 0.125 and h8.attention.kv == "tied"
+    assert h8.rope.pairs.fraction == 0.125 and h8.attention.kv == "tied"
     with pytest.raises(ValueError, match="row='irope_sinks' is not one of"):
         attention.get_config("row=irope_sinks")

@@ -24,6 +24,7 @@ from safetensors.numpy import save_file
 
 from configs import common, lm
 from rope_jax import harness, hf
+from rope_jax import pairs as pairs_lib
 from rope_jax.harness import checksums, metrics, runfiles, transfer
 from rope_jax.hf import config as hf_config
 from rope_jax.hf import convert, weights
@@ -133,7 +134,11 @@ VARIANTS = json.load(open(os.path.join(FIXTURES, "llama", "variants.json")))
 def test_every_rope_rule_equals_transformers(variant, tmp_path):
     directory = copy_fixture("llama", tmp_path, **VARIANTS[variant])
     model, cfg, _ = hf.load(directory)
-    assert cfg.rope.scaling.rope_type == VARIANTS[variant]["rope_parameters"]["rope_type"]
+    given = VARIANTS[variant]["rope_parameters"]
+    pairs, rule = pairs_lib.from_hf({k: v for k, v in given.items() if k != "rope_theta"})
+    assert cfg.rope.scaling.rope_type == rule["rope_type"]  # proportional: linear at its factor
+    assert pairs_lib.PairSpec.of(cfg.rope.pairs) == pairs
+    assert (pairs.rule == "proportional") == (given["rope_type"] == "proportional")
     tokens = np.load(os.path.join(directory, "tokens.npy"))[:1]
     want = np.load(os.path.join(directory, f"logits.{variant}.npy"))
     got = forward(model, tokens)
@@ -391,8 +396,11 @@ def test_exported_run_is_what_llamaforcausallm_expects(tmp_path):
 
 EXPORTS = {  # overrides -> HF class; every one reloads with the same logits
     "interleaved": ({"rope.layout": "interleaved"}, "LlamaForCausalLM"),
-    "interleaved_partial": ({"rope.layout": "interleaved", "rope.scaling.rope_type": "proportional",
-                             "rope.scaling.partial_rotary_factor": 0.5}, "LlamaForCausalLM"),
+    "interleaved_partial": ({"rope.layout": "interleaved", "rope.pairs.rule": "proportional",
+                             "rope.pairs.fraction": 0.5}, "LlamaForCausalLM"),
+    "proportional_linear": ({"rope.pairs.rule": "proportional", "rope.pairs.fraction": 0.25,
+                             "rope.scaling.rope_type": "linear", "rope.scaling.factor": 2.0},
+                            "LlamaForCausalLM"),
     "qk_norm_tied_yarn": ({"attention.qk_norm": True, "tie_embeddings": True,
                            "rope.layout": "interleaved", "rope.scaling.rope_type": "yarn",
                            "rope.scaling.factor": 4.0}, "Qwen3ForCausalLM"),
@@ -454,8 +462,14 @@ REFUSED = {
                                      "model.attention.kv_norm": True},
     "model.attention.o_groups=2": {"model.attention.o_groups": 2,
                                    "model.attention.o_lora_rank": 32},
-    "partial_rotary_factor=0.5": {"model.rope.scaling.rope_type": "yarn",
-                                  "model.rope.scaling.partial_rotary_factor": 0.5},
+    "model.rope.pairs.rule='first'": {"model.rope.pairs.rule": "first",
+                                      "model.rope.pairs.fraction": 0.5},
+    "model.rope.pairs.rule='index'": {"model.rope.pairs.rule": "index",
+                                      "model.rope.pairs.index": (0, 2)},
+    "model.rope.pairs.rule='proportional'": {"model.rope.pairs.rule": "proportional",
+                                             "model.rope.pairs.fraction": 0.5,
+                                             "model.rope.scaling.rope_type": "yarn",
+                                             "model.rope.scaling.factor": 4.0},
 }  # fmt: skip
 
 

@@ -28,7 +28,8 @@ SITE_CASES = (("separate", "qk"), ("separate", "vo"), ("tied", "qkvo"))
 def cfg(kind="none", kv="separate", sites="qk", **extra):
     """A tiny config.model; `extra` uses dotted names ("rope.allocation")."""
     rope = dict(sites=sites, base=100.0, ladder="standard", layout="half",
-                allocation="interleaved", sections=(), learned=kind)  # fmt: skip
+                allocation="interleaved", sections=(), learned=kind,
+                pairs=dict(rule="all", fraction=None, index=()))  # fmt: skip
     c = ml_collections.ConfigDict(
         dict(
             vocab_size=V,
@@ -346,10 +347,11 @@ BAD = [
     ({"rope.learned": "freqs", "rope.sites": ""}, "model.rope.learned='freqs' is invalid: needs "
                                                    "rotated model.rope.sites"),
     ({"rope.learned": "commuting", "rope.scaling": {"rope_type": "yarn", "factor": 4.0}},
-     "model.rope.learned='commuting' is invalid: takes no model.rope.scaling "
-     r"\(got rope_type='yarn'\)"),
-    ({"rope.learned": "freqs", "rope.scaling": {"partial_rotary_factor": 0.5}},
-     r"takes no model.rope.scaling \(got partial_rotary_factor=0.5\)"),
+     "model.rope.learned='commuting' is invalid: takes only the fixed ladder over every pair "
+     r"\(learned frequencies start from the fixed ladder; rope_type='yarn' rescales it\)"),
+    ({"rope.learned": "freqs", "rope.pairs.rule": "first", "rope.pairs.fraction": 0.5},
+     r"takes only the fixed ladder over every pair \(learned frequencies turn every pair of the "
+     r"head; pairs.rule='first'"),
 ]  # fmt: skip
 
 

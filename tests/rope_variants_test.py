@@ -19,6 +19,7 @@ import pytest
 from flax import nnx
 
 from configs import common
+from rope_jax import pairs as pairs_lib
 from rope_jax import rotary, scaling
 from rope_jax.harness import runfiles
 from rope_jax.nn import attention
@@ -51,6 +52,28 @@ SCALINGS = {
     "linear_partial": ({"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.25}, None),
     "yarn_partial": ({"rope_type": "yarn", "factor": 4.0, "partial_rotary_factor": 0.5}, 8),
 }
+
+
+def _spec(rule, **fields) -> rotary.RopeSpec:
+    """The spec of an HF `rope_parameters` dict: its pairs (partial_rotary_factor,
+    proportional) and its context rule, as `pairs.from_hf` reads them."""
+    selection, rule = pairs_lib.from_hf(rule)
+    return rotary.RopeSpec(pairs=selection, scaling=rule, **fields)
+
+
+def _hf_inv_freq(rule, max_pos, seq_len=T):
+    """transformers' inv_freq for an H-wide head: a rule's ladder over D = int(H * p)
+    numbers; proportional's over the whole head, its first int(p * H // 2) pairs / f."""
+    rule = dict(rule)
+    p = rule.pop("partial_rotary_factor", 1.0)
+    if rule.get("rope_type") == "proportional":
+        inv = np.zeros(H // 2, np.float32)
+        turning = int(p * H // 2)
+        inv[:turning] = (10000.0 ** (-2.0 * np.arange(turning) / H)) / rule.get("factor", 1.0)
+        return inv
+    return scaling.scaled_frequencies(
+        int(H * p), base=10000.0, scaling=rule, max_position_embeddings=max_pos, seq_len=seq_len
+    )[0]
 
 
 def _rng(seed=0):
@@ -103,13 +126,11 @@ def hf_attention(q, k, v, positions, inv_freq, factor, layout):
 @pytest.mark.parametrize("name", list(SCALINGS))
 def test_rotate_with_scaling_equals_hf_reference(name, layout):
     rule, max_pos = SCALINGS[name]
-    spec = rotary.RopeSpec(layout=layout, scaling=rule, max_position_embeddings=max_pos)
+    spec = _spec(rule, layout=layout, max_position_embeddings=max_pos)
     x = _normal((2, T, 3, H))
     pos = _rng(1).integers(0, 50, size=(2, T))
-    inv_freq, _ = scaling.scaled_frequencies(
-        H, base=10000.0, scaling=rule, max_position_embeddings=max_pos, seq_len=T
-    )
-    got = rotary.rotate(jnp.asarray(x), jnp.asarray(pos), spec)  # seq_len defaults to T
+    inv_freq = _hf_inv_freq(rule, max_pos)
+    got = rotary.rotate(jnp.asarray(x), jnp.asarray(pos), spec, seq_len=T)
     np.testing.assert_allclose(np.asarray(got), hf_rotate(x, pos, inv_freq, layout), atol=2e-5)
     np.testing.assert_array_equal(rotary.frequencies(H, spec, seq_len=T), inv_freq)
 
@@ -136,7 +157,7 @@ def test_length_rules_read_seq_len():
 def test_default_rope_type_is_todays_rotation_bit_for_bit(head_dim, base):
     for plain in ({"rope_type": "default"}, {"rope_type": "default", "partial_rotary_factor": 1.0},
                   {"partial_rotary_factor": None}):  # fmt: skip
-        spec = rotary.RopeSpec(base=base, scaling=plain, max_position_embeddings=64)
+        spec = _spec(plain, base=base, max_position_embeddings=64)
         assert spec == rotary.RopeSpec(base=base) and spec.scaling is None
     inv_freq, factor = scaling.scaled_frequencies(head_dim, base=base, scaling=None)
     np.testing.assert_array_equal(rotary.frequencies(head_dim, base=base), inv_freq)
@@ -149,7 +170,7 @@ def test_default_rope_type_is_todays_rotation_bit_for_bit(head_dim, base):
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 @pytest.mark.parametrize("partial, rotated", [(0.5, 8), (0.25, 4)])
 def test_partial_rotation_leaves_the_tail_and_rotates_like_a_smaller_head(layout, partial, rotated):
-    spec = rotary.RopeSpec(layout=layout, scaling={"partial_rotary_factor": partial})
+    spec = rotary.RopeSpec(layout=layout, pairs={"rule": "first", "fraction": partial})
     x = jnp.asarray(_normal((2, T, 3, H)))
     pos = jnp.asarray(_rng(1).uniform(0, 40, size=(2, T)), jnp.float32)
     y = rotary.rotate(x, pos, spec)
@@ -182,7 +203,7 @@ def test_nd_positions_with_scaling_keep_the_allocation():
         one_d = rotary.rotate(x, n, scaling=rule)
         np.testing.assert_array_equal(np.asarray(nd), np.asarray(one_d))
     partial = {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5}
-    spec = rotary.RopeSpec(allocation="sections", sections=(2, 1, 1), scaling=partial)
+    spec = _spec(partial, allocation="sections", sections=(2, 1, 1))
     assert rotary.axis_of_pair(H, spec, num_axes=3).tolist() == [0, 0, 1, 2]
     with pytest.raises(ValueError, match=r"sum to the rotated pairs P'=4"):
         rotary.pair_table(H, spec, num_axes=3, sections=(3, 3, 2))
@@ -233,7 +254,7 @@ SHIFT_RULES = ["linear", "yarn", "llama3", "dynamic", "yarn_partial"]
 @pytest.mark.parametrize("name", SHIFT_RULES)
 def test_scaled_qk_attention_is_still_relative(name):
     rule, max_pos = SCALINGS[name]
-    spec = rotary.RopeSpec(scaling=rule, max_position_embeddings=max_pos)
+    spec = _spec(rule, max_position_embeddings=max_pos)
     q, k, v = (jnp.asarray(_normal((2, T, 2, H), seed)) for seed in (1, 2, 3))
     pos = jnp.asarray(_rng(4).integers(0, 40, size=(2, T)), jnp.float32)
     out = lambda p: attention.attend(q, k, v, q_positions=p, k_positions=p, sites="qk",
@@ -337,11 +358,12 @@ def test_local_and_global_layers_use_their_own_base():
             "rope.local_base": 100.0,
             "rope.global_every": 2,
             **linear,
-            "rope.scaling.partial_rotary_factor": 0.5,
+            "rope.pairs.rule": "first",
+            "rope.pairs.fraction": 0.5,
         }  # fmt: skip
     )
-    local, _ = model_lib.layer_rotations(partial)
-    assert dict(local.scaling) == {"rope_type": "default", "partial_rotary_factor": 0.5}
+    local, glob = model_lib.layer_rotations(partial)
+    assert local.scaling is None and local.pairs == glob.pairs == pairs_lib.PairSpec("first", 0.5)
 
 
 BAD = [
@@ -350,7 +372,13 @@ BAD = [
     ({"rope.scaling.rope_type": "linear", "rope.scaling.factor": 0.5},
      "model.rope.scaling.factor=0.5"),
     ({"rope.scaling.factor": 2.0}, "model.rope.scaling has unknown key 'factor'"),
-    ({"rope.scaling.partial_rotary_factor": 0.1}, "model.rope.scaling.partial_rotary_factor=0.1"),
+    ({"rope.pairs.rule": "first", "rope.pairs.fraction": 0.1},
+     "model.rope.pairs.fraction=0.1 with rule 'first'"),
+    ({"rope.pairs.rule": "first"}, "model.rope.pairs.rule='first' needs pairs.fraction"),
+    ({"rope.pairs.fraction": 0.5}, "model.rope.pairs.fraction=0.5 is not read by"),
+    ({"rope.pairs.rule": "index", "rope.pairs.index": (0, 99)},
+     "model.rope.pairs.index=.* holds 99"),
+    ({"rope.pairs.rule": "sparse"}, "model.rope.pairs.rule='sparse' is not one of"),
     ({"rope.scaling.rope_type": "dynamic", "rope.scaling.factor": 2.0},
      "model.rope.max_position_embeddings=None"),
     ({"rope.scaling.rope_type": "yarn", "rope.scaling.factor": 2.0},
@@ -529,7 +557,8 @@ def test_a_max_position_embeddings_no_rule_reads_is_refused_not_ignored(rule, er
 def test_a_rule_given_at_evaluation_keeps_the_runs_rotated_slice():
     """A run that rotates an eighth of each head (V4's slice), evaluated under dynamic NTK:
     at its own T the rule changes nothing, so every pair's angle is the run's own; the
-    rule used to replace `partial_rotary_factor` with 1 (the whole head rotating)."""
+    rule once replaced the rotated share with 1 (the whole head rotating). Which pairs
+    turn is the model's: --rope_scaling cannot say it."""
     from configs import lm
     from rope_jax import harness
     from rope_jax.harness.evaluate import with_rope_scaling
@@ -537,7 +566,7 @@ def test_a_rule_given_at_evaluation_keeps_the_runs_rotated_slice():
     config = lm.get_config("size=tiny,row=v4")
     rule = {"rope_type": "dynamic", "factor": 4.0}
     out = with_rope_scaling(config, rule, max_position_embeddings=128)
-    assert out.model.rope.scaling.partial_rotary_factor == 0.125
+    assert (out.model.rope.pairs.rule, out.model.rope.pairs.fraction) == ("first", 0.125)
     assert out.model.rope.scaling.rope_type == "dynamic"
     head_dim, t = config.model.head_dim, config.data.seq_len
     tables = [
@@ -545,24 +574,67 @@ def test_a_rule_given_at_evaluation_keeps_the_runs_rotated_slice():
         for c in (harness.resolve(config), out)
     ]
     np.testing.assert_array_equal(*tables)
-    whole = with_rope_scaling(config, {**rule, "partial_rotary_factor": 1.0})  # said: taken
-    assert whole.model.rope.scaling.partial_rotary_factor == 1.0
+    with pytest.raises(ValueError, match=r"--rope_scaling: .*'partial_rotary_factor'.*"
+                       r"model.rope.pairs"):  # fmt: skip
+        with_rope_scaling(config, {**rule, "partial_rotary_factor": 1.0})
 
 
-def test_a_proportional_run_is_not_evaluated_under_another_rule_that_changes_its_pairs():
-    """Evaluating a p-RoPE run (`proportional`, half the pairs at zero frequency) under yarn
-    kept partial_rotary_factor and rotated the first half of the head on yarn's ladder: a
-    different model, read silently (2.618 against 2.478 as trained). Now one line."""
+def _proportional_tiny():
     from configs import lm
-    from rope_jax.harness.evaluate import with_rope_scaling
 
     config = lm.get_config("size=tiny")
-    config.model.rope.scaling.rope_type = "proportional"
-    config.model.rope.scaling.partial_rotary_factor = 0.5
-    with pytest.raises(ValueError, match=r"rope_type='yarn': this run's rule 'proportional' "
-                       r"\(partial_rotary_factor=0.5\) also decides which pairs "
-                       "rotate"):  # fmt: skip
-        with_rope_scaling(config, {"rope_type": "yarn", "factor": 1.0})
-    same = with_rope_scaling(config, {"rope_type": "proportional", "partial_rotary_factor": 0.5,
-                                      "factor": 1.0})  # fmt: skip
-    assert same.model.rope.scaling.rope_type == "proportional"
+    config.model.rope.pairs.rule, config.model.rope.pairs.fraction = "proportional", 0.5
+    return config
+
+
+def test_a_proportional_run_under_another_rule_keeps_its_pairs():
+    """Evaluating a p-RoPE run (half the pairs frozen) under yarn once kept only the
+    rotated share and rotated the first half of the head on yarn's ladder: a different
+    model, read silently (2.618 against 2.478 as trained). Now the rule alone changes:
+    yarn at factor 1 changes no frequency, so the table is the run's own."""
+    from rope_jax import harness
+    from rope_jax.harness.evaluate import with_rope_scaling
+
+    config = _proportional_tiny()
+    out = with_rope_scaling(config, {"rope_type": "yarn", "factor": 1.0})
+    head_dim, t = config.model.head_dim, config.data.seq_len
+    own, other = (
+        model_lib.rotation(c.model, 1, train_seq_len=t) for c in (harness.resolve(config), out)
+    )
+    assert other.rope_type == "yarn" and other.pairs == own.pairs
+    np.testing.assert_array_equal(rotary.frequencies(head_dim, own),
+                                  rotary.frequencies(head_dim, other))  # fmt: skip
+    assert rotary.attention_factor(head_dim, other) == 1.0
+    # a config saved before `pairs` existed (HF's keys in the scaling section) reads the same
+    old = harness.resolve(config).to_dict()
+    old["model"]["rope"].pop("pairs")
+    old["model"]["rope"]["scaling"].update(rope_type="proportional", partial_rotary_factor=0.5)
+    assert model_lib.rotation(harness.resolve(old).model, 1, train_seq_len=t) == own
+
+
+@pytest.mark.slow
+def test_a_trained_proportional_run_scores_the_same_under_yarn_at_factor_one(data_dir, tmp_path):
+    """The end-to-end form of the rule swap: train a p-RoPE run a few steps, evaluate it as
+    trained and under yarn at factor 1 (no frequency changes): the same loss."""
+    import eval as eval_lib
+    import train
+
+    config = _proportional_tiny()
+    config.data.data_dir = data_dir
+    config.data.seq_len, config.data.global_batch_size = 32, 8
+    config.optim.warmup_steps = 2
+    config.train.num_steps, config.train.log_every_steps = 4, 2
+    config.train.eval_every_steps, config.train.ckpt_every_steps = 0, 4
+    config.eval.num_batches, config.eval.batch_size = 1, 8
+    workdir = str(tmp_path / "prope")
+    train.train_and_evaluate(config, workdir)
+    own = eval_lib.evaluate_checkpoint(workdir, seq_lens=[32], num_batches=1)
+    yarn = eval_lib.evaluate_checkpoint(
+        workdir,
+        seq_lens=[32],
+        num_batches=1,
+        tag="yarn1",
+        rope_scaling={"rope_type": "yarn", "factor": 1.0},
+    )
+    assert np.isfinite(own["32"]["loss"])
+    np.testing.assert_allclose(yarn["32"]["loss"], own["32"]["loss"], rtol=1e-6)

@@ -1,7 +1,7 @@
 """Tests for rope_jax.scaling: every rule against an independent float64 reference.
 
 The references below are written out pair by pair from the published formulas (RoPE, position
-interpolation, NTK-aware dynamic scaling, YaRN, LongRoPE, Llama 3.1, Gemma's proportional RoPE)
+interpolation, NTK-aware dynamic scaling, YaRN, LongRoPE, Llama 3.1)
 with Hugging Face transformers' conventions; they share no code with the module.
 """
 
@@ -85,21 +85,10 @@ def test_default_is_base_power(head_dim, base):
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("partial", [1.0, 0.5])
-def test_partial_rotary_factor_spreads_ladder_over_rotated_dims(head_dim, partial):
-    dim = int(head_dim * partial)
-    got, _ = scaling.scaled_frequencies(
-        head_dim, base=10_000, scaling={"partial_rotary_factor": partial}
-    )
-    assert got.shape == (dim // 2,)
-    _close(got, ref_theta(10_000, dim))
-
-
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize("partial", [1.0, 0.5])
 def test_linear(head_dim, partial):
     dim = int(head_dim * partial)
-    cfg = {"rope_type": "linear", "factor": 4.0, "partial_rotary_factor": partial}
-    got, attn = scaling.scaled_frequencies(head_dim, base=10_000, scaling=cfg)
+    cfg = {"rope_type": "linear", "factor": 4.0}
+    got, attn = scaling.scaled_frequencies(dim, base=10_000, scaling=cfg)
     _close(got, [t / 4.0 for t in ref_theta(10_000, dim)])
     assert attn == 1.0
 
@@ -112,9 +101,9 @@ def test_linear(head_dim, partial):
 @pytest.mark.parametrize("seq_len", [1, 2048, 4096, 4097, 10_000, 32_768])
 def test_dynamic_below_and_above_threshold(head_dim, partial, seq_len):
     dim = int(head_dim * partial)
-    cfg = {"rope_type": "dynamic", "factor": 2.0, "partial_rotary_factor": partial}
+    cfg = {"rope_type": "dynamic", "factor": 2.0}
     got, attn = scaling.scaled_frequencies(
-        head_dim, base=10_000, scaling=cfg, max_position_embeddings=4096, seq_len=seq_len
+        dim, base=10_000, scaling=cfg, max_position_embeddings=4096, seq_len=seq_len
     )
     _close(got, ref_ntk_dynamic(10_000, dim, 2.0, 4096, seq_len))
     assert attn == 1.0
@@ -137,11 +126,10 @@ def test_yarn_default_knobs(head_dim, partial, truncate):
         "rope_type": "yarn",
         "factor": 8.0,
         "original_max_position_embeddings": 4096,
-        "partial_rotary_factor": partial,
     }
     if not truncate:
         cfg["truncate"] = False
-    got, attn = scaling.scaled_frequencies(head_dim, base=10_000, scaling=cfg)
+    got, attn = scaling.scaled_frequencies(dim, base=10_000, scaling=cfg)
     _close(got, ref_yarn(10_000, dim, 8.0, 4096, truncate=truncate))
     _close(attn, 0.1 * math.log(8.0) + 1.0)
 
@@ -215,10 +203,9 @@ def test_longrope_short_long_selection(head_dim, partial, seq_len, which):
         "short_factor": short,
         "long_factor": long,
         "original_max_position_embeddings": 4096,
-        "partial_rotary_factor": partial,
     }
     got, attn = scaling.scaled_frequencies(
-        head_dim, base=10_000, scaling=cfg, max_position_embeddings=131072, seq_len=seq_len
+        dim, base=10_000, scaling=cfg, max_position_embeddings=131072, seq_len=seq_len
     )
     factors = short if which == "short" else long
     _close(got, [t / s for t, s in zip(ref_theta(10_000, dim), factors, strict=True)])
@@ -254,9 +241,8 @@ def test_llama3_matches_reference(head_dim, partial):
         "low_freq_factor": 1.0,
         "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8192,
-        "partial_rotary_factor": partial,
     }
-    got, attn = scaling.scaled_frequencies(head_dim, base=500_000, scaling=cfg)
+    got, attn = scaling.scaled_frequencies(dim, base=500_000, scaling=cfg)
     _close(got, ref_llama3(500_000, dim, 8.0, 1.0, 4.0, 8192))
     assert attn == 1.0
 
@@ -292,27 +278,6 @@ def test_llama3_original_defaults_to_max_position_embeddings():
     _close(got, ref_llama3(500_000, 64, 8.0, 1.0, 4.0, 8192))
 
 
-# ------------------------------------------------------------------ proportional
-
-
-@pytest.mark.parametrize(
-    "head_dim, partial, rotated",
-    [(256, 0.25, 32), (128, 1.0, 64), (8, 0.5, 2), (6, 0.5, 1), (64, 0.0, 0)],
-)
-@pytest.mark.parametrize("factor", [None, 2.0])
-def test_proportional(head_dim, partial, rotated, factor):
-    cfg = {"rope_type": "proportional", "partial_rotary_factor": partial, "factor": factor}
-    got, attn = scaling.scaled_frequencies(head_dim, base=1_000_000, scaling=cfg)
-    assert got.shape == (head_dim // 2,)  # all P pairs, the tail does not rotate
-    want = [
-        (1.0 / 1_000_000 ** (2 * i / head_dim) if i < rotated else 0.0) / (factor or 1.0)
-        for i in range(head_dim // 2)
-    ]
-    _close(got, want)
-    assert np.all(got[rotated:] == 0) and np.all(got[:rotated] > 0)
-    assert attn == 1.0
-
-
 # ------------------------------------------------------------------ registry and checks
 
 
@@ -320,30 +285,26 @@ def test_registry_and_keys_cover_the_same_types():
     assert set(scaling.RULES) == set(scaling.SCALING_KEYS)
     assert set(scaling.RULES) >= {"default", "linear", "dynamic", "yarn", "longrope", "llama3"}
     for keys in scaling.SCALING_KEYS.values():
-        assert {"rope_type", "partial_rotary_factor"} <= keys
+        assert "rope_type" in keys and "partial_rotary_factor" not in keys  # `pairs`' key
 
 
 def test_check_scaling_normalises():
-    assert scaling.check_scaling(None, head_dim=64) == {
-        "rope_type": "default",
-        "partial_rotary_factor": 1.0,
-    }
+    assert scaling.check_scaling(None, dim=64) == {"rope_type": "default"}
     got = scaling.check_scaling(
         {"type": "yarn", "factor": 4, "beta_fast": None},
-        head_dim=64,
+        dim=64,
         max_position_embeddings=2048,
     )
     assert got == {
         "rope_type": "yarn",
         "factor": 4,
-        "partial_rotary_factor": 1.0,
         "beta_fast": 32.0,
         "beta_slow": 1.0,
         "truncate": True,
         "original_max_position_embeddings": 2048,
     }
     given = {"rope_type": "linear", "factor": 2.0}
-    scaling.check_scaling(given, head_dim=64)
+    scaling.check_scaling(given, dim=64)
     assert given == {"rope_type": "linear", "factor": 2.0}  # input untouched
 
 
@@ -398,19 +359,13 @@ BAD = [
     ("long no L0", _LONG, {"seq_len": 8}, "original_max_position_embeddings"),
     ("llama no low", {**_LLAMA, "low_freq_factor": None}, {}, "low_freq_factor"),
     ("llama order", {**_LLAMA, "high_freq_factor": 1.0}, {}, "high_freq_factor"),
-    ("partial odd", {"partial_rotary_factor": 0.3}, {}, "partial_rotary_factor"),
-    ("partial > 1", {"partial_rotary_factor": 1.5}, {}, "partial_rotary_factor"),
-    (
-        "partial 0",
-        {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.0},
-        {},
-        "partial_rotary_factor",
-    ),
-    ("prop factor", {"rope_type": "proportional", "factor": 0.5}, {}, "factor"),
+    ("partial is pairs'", {"partial_rotary_factor": 0.5}, {}, "model.rope.pairs"),
+    ("proportional is pairs'", {"rope_type": "proportional"}, {}, "model.rope.pairs"),
+    ("dynamic on D=2", {"rope_type": "dynamic", "factor": 2.0}, {"head_dim": 2}, "D=2"),
     ("seq_len 0", None, {"seq_len": 0}, "seq_len"),
     ("max_pos neg", None, {"max_position_embeddings": -1}, "max_position_embeddings"),
     ("base 1", None, {"base": 1.0}, "base"),
-    ("head_dim odd", None, {"head_dim": 63}, "head_dim"),
+    ("dim odd", None, {"head_dim": 63}, "dim=63"),
 ]
 
 
@@ -430,7 +385,6 @@ SAMPLE_PARAMS = {  # one valid setting of each rule, for the facts every rule de
     "yarn": {"factor": 4.0},
     "longrope": {"short_factor": [1.0] * 8, "long_factor": [1.0 + i for i in range(8)]},
     "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
-    "proportional": {"factor": 2.0},
 }
 
 

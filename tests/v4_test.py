@@ -48,8 +48,7 @@ def model_config(hf: dict, kind: str = "sliding", **changes) -> dict:
                       "o_groups": hf["o_groups"], "o_lora_rank": hf["o_lora_rank"],
                       **changes.pop("attention", {})},
         "rope": {"sites": "qkvo", "layout": "interleaved", "base": hf["rope_theta"],
-                 "scaling": {"rope_type": "default",
-                             "partial_rotary_factor": hf["partial_rotary_factor"]}},
+                 "pairs": {"rule": "first", "fraction": hf["partial_rotary_factor"]}},
         **changes,
     }  # fmt: skip
 

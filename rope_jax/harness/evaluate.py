@@ -33,6 +33,7 @@ from absl import logging
 from flax import nnx
 
 from rope_jax import data, defaults, provenance, rotary
+from rope_jax import scaling as scaling_lib
 from rope_jax.data import sources
 from rope_jax.harness import (
     checkpoint,
@@ -162,9 +163,8 @@ def saved_settings(result: dict) -> dict:
 
 
 def with_rope_scaling(config, scaling=None, max_position_embeddings=None):
-    """A copy of `config` under another context-scaling rule (model.rope.scaling replaced;
-    the run's `partial_rotary_factor`, which dims of a head rotate, kept unless `scaling`
-    sets it: it is the model's, not the rule's).
+    """A copy of `config` under another context-scaling rule: `model.rope.scaling` (the
+    rule alone) replaced; which pairs turn (`model.rope.pairs`) is the model's and stays.
 
     Parameters do not depend on the rule, so a checkpoint restores under any of them: this
     is how context extension is measured (train at T, evaluate at 4T under YaRN, ...).
@@ -175,15 +175,17 @@ def with_rope_scaling(config, scaling=None, max_position_embeddings=None):
         raise ValueError(
             f"--rope_scaling={scaling!r} must be a JSON object of rope_parameters keys"
         )
+    if scaling is not None:
+        try:
+            scaling_lib.check_scaling(scaling, dim=None)
+        except ValueError as e:
+            raise ValueError(f"--rope_scaling: {e}") from None
     config = defaults.fill(config)  # a full, mutable copy
     own_length = config.model.rope.max_position_embeddings or config.data.seq_len
-    _check_rule_replaces_only_the_rule(config.model.rope.scaling, scaling)
     with config.model.rope.ignore_type():
         if scaling is not None:
-            rotated = config.model.rope.scaling.get("partial_rotary_factor")
-            kept = {} if rotated is None else {"partial_rotary_factor": rotated}
-            rope = defaults.fill_model({"rope": {"scaling": {**kept, **scaling}}}).rope
-            config.model.rope.scaling = rope.scaling
+            rule = defaults.fill_model({"rope": {"scaling": scaling}}).rope.scaling
+            config.model.rope.scaling = rule
         if max_position_embeddings is not None:
             config.model.rope.max_position_embeddings = max_position_embeddings
     config = checks.resolve(config)
@@ -192,32 +194,9 @@ def with_rope_scaling(config, scaling=None, max_position_embeddings=None):
     return config
 
 
-# Rules that also decide which pairs rotate (not only how a context is scaled): another
-# rule given at evaluation would silently change the rotated pairs, so it is refused
-PAIR_RULES = ("proportional",)
-
-
-def _check_rule_replaces_only_the_rule(own, scaling) -> None:
-    """A ValueError for a rule given at evaluation that would change which pairs rotate:
-    a `proportional` run (p-RoPE: the whole-head ladder with its lowest (1 - p) of pairs
-    at zero frequency) under another rule would rotate the first p of the head on that
-    rule's ladder instead, a different model (it read 2.618 against 2.478 as trained under
-    yarn at factor 1, which changes no frequency)."""
-    if scaling is None or own.get("rope_type") not in PAIR_RULES:
-        return
-    given = scaling.get("rope_type", scaling.get("type", "default"))
-    if given != own.get("rope_type"):
-        raise ValueError(
-            f"--rope_scaling rope_type={given!r}: this run's rule {own.get('rope_type')!r} "
-            f"(partial_rotary_factor={own.get('partial_rotary_factor')}) also decides which "
-            "pairs rotate, and another rule would change them rather than scale the context; "
-            "evaluating it under another rule is not supported"
-        )
-
-
 def _check_length_read(config, own_length: int, new: int) -> None:
     """A new `max_position_embeddings` that changes no rotation at any length (a rule that
-    reads none: default, linear, proportional, llama3 given its original length) is a
+    reads none: default, linear, llama3 given its original length) is a
     ValueError naming the flag, not a flag silently ignored."""
     if new == own_length:  # said again, for clarity
         return

@@ -16,6 +16,7 @@ Field mapping (HF -> rope_jax `config.model`):
   intermediate_size, rms_norm_eps, tie_word_embeddings mlp_dim, norm_eps, tie_embeddings
   rope_parameters.rope_theta (or rope_theta)           rope.base
   rope_parameters (or rope_scaling), other keys        rope.scaling.* (the same key names)
+  partial_rotary_factor, rope_type "proportional"      rope.pairs (`rope_jax.pairs.from_hf`)
   max_position_embeddings                              rope.max_position_embeddings
   (the architecture)                                   attention.qkv_bias, attention.qk_norm,
                                                        attention.sinks
@@ -34,6 +35,7 @@ import os
 import ml_collections
 
 from rope_jax import defaults
+from rope_jax import pairs as pairs_lib
 from rope_jax import scaling as scaling_lib
 
 CONFIG_FILE = "config.json"
@@ -82,7 +84,7 @@ ARCH_FIELDS = (
     "vocab_size", "num_layers", "embed_dim", "num_heads", "num_kv_heads", "head_dim",
     "mlp_dim", "norm_eps", "tie_embeddings", "attention.qkv_bias", "attention.qk_norm",
     "attention.sinks", "attention.window", "attention.layer_types", "rope.base", "rope.layout",
-    "rope.max_position_embeddings", "rope.scaling",
+    "rope.max_position_embeddings", "rope.pairs", "rope.scaling",
 )  # fmt: skip
 
 # The rope keys of a config.json that are not context-scaling keys.
@@ -126,14 +128,14 @@ def architecture(hf: dict) -> tuple[str, Architecture]:
 
 def model_fields(hf: dict) -> dict:
     """Dotted `config.model` fields (`ARCH_FIELDS`) of a config.json; `rope.scaling` is a
-    dict of HF keys with defaults filled. HFError (one line) for what rope_jax's decoder
-    cannot run the way `transformers` does."""
+    dict of HF keys with defaults filled, `rope.pairs` the pairs section. HFError (one
+    line) for what rope_jax's decoder cannot run the way `transformers` does."""
     name, arch = architecture(hf)
     _refuse_features(hf, name)
     heads = _int(hf, "num_attention_heads")
     embed = _int(hf, "hidden_size")
     head_dim = _int(hf, "head_dim") if hf.get("head_dim") else embed // heads
-    base, scaling = rope_parameters(hf, name, head_dim)
+    base, pairs, scaling = rope_parameters(hf, name, head_dim)
     _check_multipliers(hf, name, head_dim, base)
     window, types = layer_types(hf, name, arch)
     return {
@@ -154,6 +156,7 @@ def model_fields(hf: dict) -> dict:
         "rope.base": base,
         "rope.layout": "half",
         "rope.max_position_embeddings": hf.get("max_position_embeddings"),
+        "rope.pairs": pairs.config(),
         "rope.scaling": scaling,
     }
 
@@ -243,10 +246,11 @@ def _check_multipliers(hf: dict, name: str, head_dim: int, base: float) -> None:
         )
 
 
-def rope_parameters(hf: dict, name: str, head_dim: int) -> tuple[float, dict]:
-    """(base, scaling dict) from `rope_parameters` (transformers >= 5) or the older
-    `rope_theta` + `rope_scaling`, with top-level `partial_rotary_factor` and
-    `original_max_position_embeddings` (Phi-3 style) folded in, checked against the head."""
+def rope_parameters(hf: dict, name: str, head_dim: int) -> tuple[float, pairs_lib.PairSpec, dict]:
+    """(base, pairs, context rule dict) from `rope_parameters` (transformers >= 5) or the
+    older `rope_theta` + `rope_scaling`, with top-level `partial_rotary_factor` and
+    `original_max_position_embeddings` (Phi-3 style) folded in, checked against the head;
+    which pairs turn is read by `pairs.from_hf`."""
     source = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
     if not isinstance(hf.get(source) or {}, dict):
         raise HFError(f"config.json {source}={hf.get(source)!r} must be a JSON object")
@@ -257,24 +261,29 @@ def rope_parameters(hf: dict, name: str, head_dim: int) -> tuple[float, dict]:
             params[key] = hf[key]
     if "rope_type" in params:  # the old spelling beside it is ignored, as transformers does
         params.pop("type", None)
-    rope_type = params.get("rope_type", params.get("type", "default"))  # errors name `type
-    partial = params.get("partial_rotary_factor", 1.0)
-    if partial != 1.0 and rope_type == "default":
-        params.pop("partial_rotary_factor")  # transformers' default rule rotates every pair
-    elif partial != 1.0 and rope_type != "proportional":
-        raise HFError(f"config.json {source}.partial_rotary_factor={partial!r} with rope_type="
-                      f"{rope_type!r}: {name} rotates the whole head (only 'proportional' "
-                      "zeroes the other pairs)")  # fmt: skip
+    try:
+        pairs, params = pairs_lib.from_hf(params)
+    except ValueError as e:
+        partial = params.get("partial_rotary_factor")
+        raise HFError(f"config.json {source}.partial_rotary_factor={partial!r}: {e}") from None
+    if not pairs.selection.whole_head:  # a block rotating alone: Llama/Qwen's rotate the head
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type != "default":
+            raise HFError(f"config.json {source}.partial_rotary_factor={pairs.fraction!r} with "
+                          f"rope_type={rope_type!r}: {name} rotates the whole head (only "
+                          "'proportional' freezes the other pairs)")  # fmt: skip
+        pairs = pairs_lib.PairSpec()  # transformers' default rule rotates every pair
     try:
         scaling = scaling_lib.check_scaling(
-            params, head_dim=head_dim, max_position_embeddings=hf.get("max_position_embeddings")
-        )
+            params, dim=pairs.select(head_dim)[1],
+            max_position_embeddings=hf.get("max_position_embeddings"),
+        )  # fmt: skip
         if not (isinstance(base, (int, float)) and base > 1):
             raise ValueError(f"scaling['rope_theta']={base!r} must be a number > 1")
     except ValueError as e:
         message = str(e).replace("scaling[", f"{source}[").replace("scaling ", f"{source} ")
         raise HFError(f"config.json {message}") from None
-    return float(base), scaling
+    return float(base), pairs, scaling
 
 
 def model_config(hf: dict, *, dtype: str = "float32", param_dtype: str = "float32"):
@@ -292,7 +301,10 @@ def set_fields(model_cfg, fields: dict) -> None:
     as a whole: keys the checkpoint does not set become None)."""
     fields = dict(fields)
     scaling = fields.pop("rope.scaling")
+    pairs = fields.pop("rope.pairs", None)
     with model_cfg.ignore_type():
+        if pairs is not None:
+            model_cfg.rope.pairs = defaults.fill_model({"rope": {"pairs": pairs}}).rope.pairs
         for dotted, value in fields.items():
             *parents, leaf = dotted.split(".")
             node = model_cfg
@@ -313,7 +325,8 @@ def check_exportable(model_cfg, *, num_axes: int = 1) -> None:
     when the model exports as one of them."""
 
     m, rope = model_cfg, model_cfg.rope
-    scaling = rope.scaling
+    pairs = pairs_lib.PairSpec.of(rope.pairs)
+    rule = {k: v for k, v in rope.scaling.items() if v is not None}
     v4 = "is DeepSeek-V4's, whose HF class also holds compressed attention and experts"
     rules = [
         ("model.attention.kv_norm", m.attention.kv_norm, not m.attention.kv_norm,
@@ -354,9 +367,10 @@ def check_exportable(model_cfg, *, num_axes: int = 1) -> None:
         ("model.attention.qkv_bias", True,
          not (m.attention.qkv_bias and m.attention.qk_norm),
          "with qk_norm it needs Qwen3's attention_bias, which also biases o_proj"),
-        ("model.rope.scaling.partial_rotary_factor", scaling.partial_rotary_factor,
-         scaling.partial_rotary_factor in (None, 1.0) or scaling.rope_type == "proportional",
-         "Llama/Qwen rotate the whole head unless rope_type='proportional'"),
+        ("model.rope.pairs.rule", pairs.rule,
+         pairs.selection.whole_head and pairs_lib.to_hf(pairs, rule) is not None,
+         "Llama/Qwen rotate every pair of the whole head, or with rope_type='proportional' "
+         "the first ones (under no rule or a linear one)"),
     ]  # fmt: skip
     for field, value, ok, why in rules:
         if not ok:
@@ -394,14 +408,14 @@ def to_hf(model_cfg, *, max_position_embeddings: int, dtype: str, special_ids=No
 
     name = export_architecture(model_cfg)
     rope = model_cfg.rope
+    pairs = pairs_lib.PairSpec.of(rope.pairs)
     scaling = {k: v for k, v in rope.scaling.items() if v is not None}
     scaling = scaling_lib.check_scaling(
         scaling or None,
-        head_dim=model_cfg.head_dim,
+        dim=pairs.select(model_cfg.head_dim)[1],
         max_position_embeddings=max_position_embeddings,
     )
-    if scaling.get("partial_rotary_factor") == 1.0:
-        scaling.pop("partial_rotary_factor")
+    scaling = pairs_lib.to_hf(pairs, scaling)  # exportable: check_exportable said so
     scaling = {k: list(v) if isinstance(v, tuple) else v for k, v in scaling.items()}
     hf = {
         "architectures": [name],

@@ -26,6 +26,7 @@ import numpy as np
 from flax import nnx
 
 from rope_jax import defaults
+from rope_jax import pairs as pairs_lib
 from rope_jax.data import gguf_file, tokenizers
 from rope_jax.harness import workdir
 from rope_jax.hf import config as hf_config
@@ -165,13 +166,9 @@ def flat_params(params) -> dict[str, np.ndarray]:
 
 
 def rotated_dims(model_cfg) -> int:
-    """The head numbers the rotation pairs live in: H, or int(H * partial_rotary_factor)
-    (the whole head for `proportional`, which zeroes the other pairs' frequencies)."""
-    scaling = model_cfg.rope.scaling
-    partial = scaling.partial_rotary_factor or 1.0
-    if scaling.rope_type == "proportional":
-        return model_cfg.head_dim
-    return int(model_cfg.head_dim * partial)
+    """The head numbers the rotation pairs live in: the pair selection's block (H, or the
+    leading D numbers when the rest pass unrotated)."""
+    return pairs_lib.PairSpec.of(model_cfg.rope.pairs).block(model_cfg.head_dim)
 
 
 def save(directory: str, params, model_cfg, *, max_position_embeddings: int, tokenizer=None,

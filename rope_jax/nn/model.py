@@ -27,11 +27,11 @@ temperature `rope.nope_attn_scale` on the NoPE ones. DeepSeek-V4 (`nn.v4`): tied
 and the grouped output `attention.o_groups`, `attention.o_lora_rank`.
 
 Rotation per layer (`layer_rotations`, docs/maths.md#context-scaling): every layer uses
-the spec of `cfg.rope` (base, ladder, layout, allocation, sections, scaling,
+the spec of `cfg.rope` (base, ladder, layout, allocation, sections, pairs, scaling,
 max_position_embeddings), except that with `rope.nope_every = k > 0` layers k-1, 2k-1,
 ... rotate nothing (Llama-4 style NoPE layers), and with `rope.global_every = g > 0`
 only layers g-1, 2g-1, ... are global: the others use `rope.local_base` and no context
-rule (only its partial rotary factor), as Gemma's local layers do. With `rope.learned`
+rule (the same pairs turn), as Gemma's local layers do. With `rope.learned`
 ("freqs" | "commuting", docs/maths.md#learned-rotations) every rotating layer trains its
 own frequencies (and basis), starting from its spec; NoPE layers train none.
 
@@ -125,8 +125,7 @@ def check_config(cfg, num_axes: int = 1, *, train_seq_len: int | None = None):
 
 def _check_learned(cfg, spec: rotary.RopeSpec) -> None:
     """`model.rope.learned` is a kind of `learned.KINDS`; a trained one needs rotated sites
-    (else nothing would train) and the fixed ladder over the whole head (a scaling rule
-    rescales fixed frequencies by the training length; learned ones move by themselves).
+    (else nothing would train) and the fixed ladder over every pair (`learned.refusal`).
     NoPE and local layers are fine: the first train nothing, the second start from their
     own base."""
     kind = cfg.rope.learned
@@ -136,16 +135,10 @@ def _check_learned(cfg, spec: rotary.RopeSpec) -> None:
     if not cfg.rope.sites:
         _fail("rope.learned", kind, "needs rotated model.rope.sites ('' rotates nothing: "
               "nothing would train); use model.rope.learned='none'")  # fmt: skip
-    if spec.scaling is not None:
-        params = dict(spec.scaling)
-        got = (
-            f"rope_type={params['rope_type']!r}"
-            if params["rope_type"] != "default"
-            else f"partial_rotary_factor={params['partial_rotary_factor']!r}"
-        )
-        _fail("rope.learned", kind, f"takes no model.rope.scaling (got {got}): learned "
-              "frequencies rotate the whole head and are not rescaled; use "
-              "model.rope.learned='none' with a scaling rule")  # fmt: skip
+    refused = learned.refusal(spec)
+    if refused:
+        _fail("rope.learned", kind, f"takes only the fixed ladder over every pair ({refused}); "
+              "use model.rope.learned='none' with a scaling rule or a pair selection")  # fmt: skip
 
 
 def rotation(cfg, num_axes: int = 1, *, train_seq_len: int | None = None) -> rotary.RopeSpec:
@@ -213,15 +206,9 @@ def layer_rotations(
 
 
 def _local(spec: rotary.RopeSpec, base: float, head_dim: int, num_axes: int) -> rotary.RopeSpec:
-    """A local layer's spec: `base`, the same pairs, no context rule (only the rotated
-    dims of partial_rotary_factor are kept, so every layer rotates the same numbers)."""
-    params = dict(spec.scaling or ())
-    rope_type = "proportional" if spec.rope_type == "proportional" else "default"
-    partial = {
-        "rope_type": rope_type,
-        "partial_rotary_factor": params.get("partial_rotary_factor", 1.0),
-    }
-    local = dataclasses.replace(spec, base=float(base), scaling=partial)
+    """A local layer's spec: `base`, the same pairs (every layer rotates the same numbers),
+    no context rule."""
+    local = dataclasses.replace(spec, base=float(base), scaling=None)
     _check_spec(local, head_dim, num_axes)
     return local
 

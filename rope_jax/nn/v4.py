@@ -4,7 +4,7 @@ V4's attention block (HF's `DeepseekV4Attention`, its sliding-window branch) is 
 settings the decoder already has: one shared key/value head (`model.num_kv_heads` 1,
 `model.attention.kv` "tied", sites "qkvo": the latent rotated once is key and value,
 the output's rotated slice turned back at the query position), a partial rotation of
-interleaved pairs (`model.rope.layout`, `model.rope.scaling.partial_rotary_factor`),
+interleaved pairs (`model.rope.layout`, `model.rope.pairs` rule first with its fraction),
 per-head sinks (`model.attention.sinks`) and sliding layers (`model.attention.window`).
 This module adds, each a field of `model.attention`:
 
