@@ -31,7 +31,7 @@ def _sections(head_dim: int, num_axes: int, allocation: str = "sections") -> tup
 
 # Row -> dotted overrides: the layout (data.scheme, docs/maths.md#multimodal-layouts)
 # and the rotation (model.rope). `model.rope.sections` is filled per size for every
-# allocation but the default (interleaved).
+# allocation but the default (alternating).
 LAYOUT_ROWS = {
     "nope": {"model.rope.sites": "", "data.scheme": "flat"},
     "flat": {"data.scheme": "flat"},
@@ -86,8 +86,8 @@ def row_overrides(row: str, size: str = "tiny", video: bool = False) -> dict:
     if row not in table:
         raise ValueError(f"row={row!r} is not one of {', '.join(table)} (video={video})")
     out = dict(table[row])
-    allocation = out.get("model.rope.allocation", "interleaved")
-    if allocation != "interleaved":
+    allocation = out.get("model.rope.allocation", "alternating")
+    if allocation != "alternating":
         head_dim = common.size_preset(size)["head_dim"]
         out["model.rope.sections"] = _sections(head_dim, DATA[video][1], allocation)
     return out

@@ -1,8 +1,11 @@
 """rope_jax: rotary position encodings in JAX.
 
-Public modules: `rotary` (the rotation ops), `layouts` (position ids for
-interleaved text / image / video sequences), `recurrence` (VO-RoPE with decaying
-weights as a linear RNN) and `generate` (decoding with a key/value cache).
+The rotary ops are one import, `from rope_jax import rotary` (`RopeSpec`, `rotate`,
+`frequencies`, ...; pure NumPy/JAX, no model, no config). Beside it: `pairs` (which pairs
+turn) and `scaling` (context-scaling rules), the stages its frequencies are made of;
+`layouts` (position ids for interleaved text / image / video sequences); and in `nn/`,
+`nn.recurrence` (VO-RoPE with decaying weights as a linear RNN) and `nn.generate`
+(decoding with a key/value cache).
 """
 
 __version__ = "0.1.0"

@@ -72,7 +72,8 @@ def load_module(path: str):
 def migrate(raw) -> dict:
     """A config (dict or ConfigDict, left as it is) saved by an older version, as a dict of
     today's fields: the layout scheme moved from `model.rope.scheme` to `data.scheme`,
-    `num_axes` dropped (the data's now), and HF's `partial_rotary_factor` and rope_type
+    `num_axes` dropped (the data's now), allocation "interleaved" renamed "alternating",
+    and HF's `partial_rotary_factor` and rope_type
     "proportional" moved from `model.rope.scaling` to `model.rope.pairs` (which pairs
     turn; `pairs.from_hf`). Fields added since a run was saved need nothing: `fill` gives
     them their defaults, which are the values those runs used."""
@@ -82,6 +83,8 @@ def migrate(raw) -> dict:
     rope.pop("num_axes", None)
     if scheme is not None and "data" in raw:
         raw["data"].setdefault("scheme", scheme)
+    if rope.get("allocation") == "interleaved":  # renamed: "interleaved" is a pair layout
+        rope["allocation"] = "alternating"
     rule = rope.get("scaling")
     if isinstance(rule, Mapping) and (
         "partial_rotary_factor" in rule or rule.get("rope_type") == "proportional"
@@ -156,15 +159,15 @@ def model(shape: dict = SHAPE) -> ml_collections.ConfigDict:
     model.rope.base = 10000.0  # frequency base
     model.rope.ladder = "standard"  # standard | per_axis
     model.rope.layout = "half"  # pair layout: half (LLaMA) | interleaved (RoFormer)
-    model.rope.allocation = "interleaved"  # pair -> axis: interleaved | sections
+    model.rope.allocation = "alternating"  # pair -> axis: alternating (i mod A) | sections ...
     model.rope.sections = ()  # pairs per axis (one per position axis) for allocation=sections,
     # summing to H/2; the data decides the number of axes A (1 text, 2 image, 3 video)
-    # Which pairs turn (rope_jax.pairs, docs/maths.md#which-pairs-turn): all | first (the
-    # leading int(H * fraction) numbers rotate, the rest pass: HF's partial_rotary_factor)
-    # | proportional (p-RoPE: whole-head ladder, the first floor(fraction * H/2) pairs turn)
-    # | index (the listed pairs turn; 0 = the fastest) | half_truncated (modded-nanogpt)
+    # Which pairs turn: a rule of rope_jax.pairs.SELECTIONS (each in the table of
+    # docs/maths.md#which-pairs-turn), e.g. first (the leading int(H * fraction) numbers
+    # rotate, the rest pass: HF's partial_rotary_factor), proportional (p-RoPE: the first
+    # floor(fraction * H/2) pairs of the whole-head ladder turn), index (the listed pairs)
     model.rope.pairs = ml_collections.ConfigDict()
-    model.rope.pairs.rule = "all"
+    model.rope.pairs.rule = "all"  # all = every pair turns
     model.rope.pairs.fraction = _placeholder(float)  # first, proportional: share in [0, 1]
     model.rope.pairs.index = ()  # index: the pair indices that turn
     # Context scaling (docs/maths.md#context-scaling), Hugging Face `rope_parameters` keys;
@@ -200,6 +203,10 @@ def attention() -> ml_collections.ConfigDict:
     # flash attention on GPU in bf16) | chunked (blockwise online softmax, O(T) memory,
     # any backend) | splash (TPU Pallas).
     attention.impl = "xla"
+    # bias: a position bias added to every layer's logits, a scheme of
+    # rope_jax.nn.biases.SCHEMES (the table in docs/maths.md#position-biases), e.g. alibi
+    # (-m_n |p_t - p_s|, geometric slopes); none = no bias; combines with any rope.sites
+    attention.bias = "none"
     attention.qkv_bias = False  # biases on the q, k, v projections (Qwen2 checkpoints)
     attention.qk_norm = False  # RMSNorm over H of each q and k head (Qwen3 checkpoints)
     # sinks: one learned logit per query head in every softmax denominator, no value

@@ -15,7 +15,7 @@ Vocabulary (the same names as the config fields `config.model.rope.*`):
               "per_axis": each axis gets its own geometric ladder over its own pairs.
   layout      how the H numbers form pairs: "half" pairs (i, i + P) (GPT-NeoX / LLaMA
               rotate_half); "interleaved" pairs (2i, 2i + 1) (RoFormer / GPT-J).
-  allocation  which axis drives pair i (`ALLOCATIONS`): "interleaved" a(i) = i mod A;
+  allocation  which axis drives pair i (`ALLOCATIONS`): "alternating" a(i) = i mod A;
               "sections" contiguous blocks of sizes `sections` (Qwen2-VL's mrope_section);
               "mrope_interleaved" Qwen3-VL's interleaved M-RoPE: a(i) = i mod A while
               i < A * sections[i mod A], else axis 0; "videorope" VideoRoPE's
@@ -75,7 +75,7 @@ class RopeSpec:
     """Every rotation setting but the positions: validated once, passed as one value.
 
     Fields as in the module docstring; `sections` is a tuple of pairs per axis (read
-    by every allocation but "interleaved", which refuses it: it would go unread, like a
+    by every allocation but "alternating", which refuses it: it would go unread, like a
     scaling key its rule does not take). `scaling` may be given as a dict (or ConfigDict)
     of HF keys; it is checked by `scaling.check_scaling`, its defaults filled, and stored
     as a sorted tuple of (key, value) pairs (lists as tuples), or None when it is plain
@@ -90,7 +90,7 @@ class RopeSpec:
     base: float = 10000.0
     ladder: str = "standard"
     layout: str = "half"
-    allocation: str = "interleaved"
+    allocation: str = "alternating"
     sections: tuple[int, ...] | None = None
     pairs: PairSpec = PairSpec()
     scaling: tuple[tuple[str, Any], ...] | None = None
@@ -99,6 +99,11 @@ class RopeSpec:
     def __post_init__(self):
         _check_choice("ladder", self.ladder, LADDERS)
         _check_choice("layout", self.layout, LAYOUTS)
+        if self.allocation == "interleaved":  # the name it had; "interleaved" is a layout
+            raise ValueError(
+                "allocation='interleaved' is now allocation='alternating' (a(i) = i mod A; "
+                "'interleaved' names a pair layout)"
+            )
         _check_choice("allocation", self.allocation, ALLOCATIONS)
         if isinstance(self.base, bool) or not isinstance(self.base, (int, float, np.number)):
             raise ValueError(f"base={self.base!r} must be a number > 1")
@@ -111,16 +116,16 @@ class RopeSpec:
             if any(s < 0 for s in sections):
                 raise ValueError(f"sections={sections} must be non-negative integers")
             sections = tuple(int(s) for s in sections)
-        if self.allocation != "interleaved" and sections is None:
+        if self.allocation != "alternating" and sections is None:
             raise ValueError(
                 f"allocation={self.allocation!r} needs sections=(s_0, ..., s_{{A-1}}) "
                 "summing to H/2"
             )
-        if self.allocation == "interleaved" and sections is not None:
+        if self.allocation == "alternating" and sections is not None:
             raise ValueError(
-                f"sections={sections} is not read by allocation='interleaved' (it would be "
+                f"sections={sections} is not read by allocation='alternating' (it would be "
                 f"ignored); set allocation to one of "
-                f"{', '.join(a for a in ALLOCATIONS if a != 'interleaved')}, or sections=()"
+                f"{', '.join(a for a in ALLOCATIONS if a != 'alternating')}, or sections=()"
             )
         scaling = _scaling_items(self.scaling)
         if scaling is not None and not LADDERS[self.ladder].takes_rule:
@@ -210,7 +215,7 @@ def _check_sections(sections, num_axes: int, head_dim: int, pairs: int) -> None:
 # Each rule: (pairs P', num_axes A, sections or None) -> axis of each pair, int [P'].
 
 
-def _interleaved(pairs: int, num_axes: int, sections) -> np.ndarray:
+def _alternating(pairs: int, num_axes: int, sections) -> np.ndarray:
     """a(i) = i mod A: the axes take turns down the ladder."""
     return np.arange(pairs) % num_axes
 
@@ -237,7 +242,7 @@ def _low_frequency_temporal(pairs: int, num_axes: int, sections) -> np.ndarray:
 
 
 ALLOCATIONS = {
-    "interleaved": _interleaved,
+    "alternating": _alternating,
     "sections": _contiguous,
     "mrope_interleaved": _mrope_interleaved,
     "videorope": _low_frequency_temporal,
@@ -245,7 +250,7 @@ ALLOCATIONS = {
 
 
 def reference_sections(allocation: str, head_dim: int, num_axes: int) -> tuple[int, ...] | None:
-    """Pairs per axis scaled from the published models (None for "interleaved").
+    """Pairs per axis scaled from the published models (None for "alternating").
 
     On 3 axes: "sections" (Qwen2-VL's (16, 24, 24) at H = 128) and "videorope" (the
     same split, t on the last quarter of the pairs) give t a quarter of the P pairs and
@@ -258,7 +263,7 @@ def reference_sections(allocation: str, head_dim: int, num_axes: int) -> tuple[i
     if isinstance(num_axes, bool) or not isinstance(num_axes, (int, np.integer)) or num_axes < 1:
         raise ValueError(f"num_axes={num_axes} must be >= 1")
     pairs = head_dim // 2
-    if allocation == "interleaved":
+    if allocation == "alternating":
         return None
     if num_axes != 3:
         rest = (pairs // num_axes,) * (num_axes - 1)
@@ -276,15 +281,15 @@ def reference_sections(allocation: str, head_dim: int, num_axes: int) -> tuple[i
 def _axes(head_dim: int, num_axes: int, spec: RopeSpec, pairs: int | None = None) -> np.ndarray:
     """Axis of each of the `pairs` rotated pairs (default P = H/2).
 
-    Every allocation but "interleaved" must hand axis a exactly sections[a] pairs.
+    Every allocation but "alternating" must hand axis a exactly sections[a] pairs.
     """
     if isinstance(num_axes, bool) or not isinstance(num_axes, (int, np.integer)) or num_axes < 1:
         raise ValueError(f"num_axes={num_axes} must be >= 1")
     pairs = head_dim // 2 if pairs is None else pairs
-    if spec.allocation != "interleaved":
+    if spec.allocation != "alternating":
         _check_sections(spec.sections, num_axes, head_dim, pairs)
     axes = ALLOCATIONS[spec.allocation](pairs, num_axes, spec.sections).astype(np.int32)
-    if spec.allocation != "interleaved":
+    if spec.allocation != "alternating":
         counts = tuple(int(n) for n in np.bincount(axes, minlength=num_axes))
         if counts != spec.sections:
             raise ValueError(
@@ -437,7 +442,7 @@ def frequencies(
     (D_l = H unless `pairs` spreads the ladder over fewer numbers).
     "per_axis": the k-th pair driven by axis a (of n_a pairs) gets base ** (-k / n_a),
     i.e. every axis has the full geometric ladder over its own pairs (for 2-D with
-    interleaved allocation this is theta_{2j} = theta_{2j+1} = base**(-4j/H)).
+    alternating allocation this is theta_{2j} = theta_{2j+1} = base**(-4j/H)).
     With `scaling`: `scaling.scaled_frequencies` (standard ladder only; `seq_len` for
     dynamic / longrope). `pairs` then lays the ladder on the block's pairs and sets the
     frozen ones to 0 (`rope_jax.pairs`).

@@ -31,7 +31,7 @@ TOL = {"float32": dict(atol=2e-5, rtol=2e-5), "bfloat16": dict(atol=3e-2, rtol=3
 
 def cfg(kv="separate", sites="qk", impl="xla", dtype="float32", **attention):
     rope = dict(sites=sites, base=100.0, ladder="standard", layout="half",
-                allocation="interleaved", sections=())  # fmt: skip
+                allocation="alternating", sections=())  # fmt: skip
     return ml_collections.ConfigDict(
         dict(
             vocab_size=V,

@@ -16,14 +16,14 @@ B, T, N, K, H = 2, 7, 4, 2, 8  # GQA: 4 query heads share 2 kv heads; 4 rotation
 ALL_SITES = ["".join(c) for r in range(5) for c in itertools.combinations("qkvo", r)]
 # (num_axes, rope kwargs): 1-D text RoPE, and 3-D with Qwen2-VL-style sections.
 ROPES = {
-    "A1-half": (1, dict(base=10000.0, layout="half", allocation="interleaved", sections=None)),
+    "A1-half": (1, dict(base=10000.0, layout="half", allocation="alternating", sections=None)),
     "A3-sections-interleaved": (
         3,
         dict(base=100.0, layout="interleaved", allocation="sections", sections=(1, 1, 2)),
     ),
     "A3-interleaved-half": (
         3,
-        dict(base=500.0, layout="half", allocation="interleaved", sections=None),
+        dict(base=500.0, layout="half", allocation="alternating", sections=None),
     ),
 }
 

@@ -1418,7 +1418,7 @@ def test_settings_that_would_be_ignored_or_misread_are_one_line(tmp_path, cache_
     }  # fmt: skip
     results = dict(zip(cases, run_all(list(cases.values()), cache_env), strict=True))
     assert one_error_line(*results["sections"]) == (
-        "error: model.rope.sections=(3, 5) is not read by allocation='interleaved' (it would "
+        "error: model.rope.sections=(3, 5) is not read by allocation='alternating' (it would "
         "be ignored); set allocation to one of sections, mrope_interleaved, videorope, or "
         "sections=()"
     )

@@ -25,7 +25,7 @@ VARIANTS = [("separate", s) for s in ALL_SITES] + [("tied", "qkvo")]
 
 def cfg(kv="separate", sites="qk", **extra):
     rope = dict(sites=sites, base=100.0, ladder="standard", layout="half",
-                allocation="interleaved", sections=())  # fmt: skip
+                allocation="alternating", sections=())  # fmt: skip
     c = dict(vocab_size=V, num_layers=2, embed_dim=32, num_heads=4, num_kv_heads=2,
              head_dim=8, mlp_dim=48, dtype="float32", param_dtype="float32", patch_dim=0,
              attention=dict(kv=kv), rope=rope)  # fmt: skip

@@ -28,7 +28,7 @@ SITE_CASES = (("separate", "qk"), ("separate", "vo"), ("tied", "qkvo"))
 def cfg(kind="none", kv="separate", sites="qk", **extra):
     """A tiny config.model; `extra` uses dotted names ("rope.allocation")."""
     rope = dict(sites=sites, base=100.0, ladder="standard", layout="half",
-                allocation="interleaved", sections=(), learned=kind,
+                allocation="alternating", sections=(), learned=kind,
                 pairs=dict(rule="all", fraction=None, index=()))  # fmt: skip
     c = ml_collections.ConfigDict(
         dict(

@@ -37,7 +37,7 @@ def tiny_cfg(**overrides):
                 base=10000.0,
                 ladder="standard",
                 layout="half",
-                allocation="interleaved",
+                allocation="alternating",
                 sections=(),
             ),
         )

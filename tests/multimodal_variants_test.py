@@ -54,7 +54,7 @@ def test_each_new_row_builds_a_config_that_passes_check_config(size):
         spec = model_lib.rotation(config.model, 3, train_seq_len=config.data.seq_len)
         head_dim = config.model.head_dim
         axes = rotary.axis_of_pair(head_dim, spec, num_axes=3)
-        if spec.allocation != "interleaved":
+        if spec.allocation != "alternating":
             assert spec.sections == rotary.reference_sections(spec.allocation, head_dim, 3)
             np.testing.assert_array_equal(np.bincount(axes, minlength=3), spec.sections)
 

@@ -35,14 +35,15 @@ def test_the_largest_logit_is_the_largest_score_the_kernel_sees(row, monkeypatch
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 259, (2, T)))
     seen, mix = [], kernels.mix
 
-    def spy(q, k, v, **kw):
-        assert kw["causal"] and not kw["q_offset"]
+    def spy(q, k, v, terms=None, **kw):
+        terms = kernels.Terms.of(terms)
+        assert terms.causal and not terms.q_offset
         scale = kw["scale"] or q.shape[-1] ** -0.5
         k_all = jnp.repeat(k, q.shape[2] // k.shape[2], axis=2)
         logits = jnp.einsum("btnh,bsnh->bnts", q.astype(jnp.float32), k_all.astype(jnp.float32))
-        ok = probe.allowed(q.shape[1], kw["window"], kw["chunk"])
+        ok = probe.allowed(q.shape[1], terms.window, terms.chunk)
         seen.append(jnp.max(jnp.where(ok, logits * scale, -jnp.inf)))
-        return mix(q, k, v, **kw)
+        return mix(q, k, v, terms, **kw)
 
     monkeypatch.setattr(attention.kernels, "mix", spy)
 

@@ -14,7 +14,7 @@ B, T, N, H = 2, 9, 3, 12  # 6 rotation pairs
 # (num_axes, rope kwargs): 1-D text, 2-D and 3-D with both allocations.
 ROPES = {
     "A1": (1, dict(base=100.0)),
-    "A2-interleaved": (2, dict(base=50.0, allocation="interleaved")),
+    "A2-interleaved": (2, dict(base=50.0, allocation="alternating")),
     "A3-sections": (3, dict(base=200.0, allocation="sections", sections=(2, 1, 3))),
     "A3-interleaved-per_axis": (3, dict(base=30.0, ladder="per_axis")),
 }

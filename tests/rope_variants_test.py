@@ -192,7 +192,7 @@ def test_nd_positions_with_scaling_keep_the_allocation():
     """Standard ladder: the rule changes the frequencies, each pair keeps its axis, and
     text positions (n, n, n) still equal 1-D exactly."""
     rule = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
-    for kw in (dict(allocation="interleaved"), dict(allocation="sections", sections=(2, 3, 3))):
+    for kw in (dict(allocation="alternating"), dict(allocation="sections", sections=(2, 3, 3))):
         spec = rotary.RopeSpec(scaling=rule, **kw)
         freqs, axes = rotary.pair_table(H, spec, num_axes=3)
         np.testing.assert_array_equal(freqs, rotary.frequencies(H, scaling=rule))

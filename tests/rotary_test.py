@@ -14,9 +14,9 @@ H = 16  # head dim used by the identity sweeps (P = 8 pairs)
 
 # Every (num_axes, allocation, sections) combination the identities are swept over.
 AXES_CASES = [
-    (1, "interleaved", None),
-    (2, "interleaved", None),
-    (3, "interleaved", None),
+    (1, "alternating", None),
+    (2, "alternating", None),
+    (3, "alternating", None),
     (2, "sections", (3, 5)),
     (3, "sections", (2, 3, 3)),
     (2, "mrope_interleaved", (5, 3)),
@@ -361,7 +361,7 @@ def test_reference_sections_fit_their_allocation():
     assert rotary.reference_sections("sections", 128, 3) == (16, 24, 24)  # Qwen2-VL
     assert rotary.reference_sections("mrope_interleaved", 128, 3) == (24, 20, 20)  # Qwen3-VL
     assert rotary.reference_sections("videorope", 128, 3) == (16, 24, 24)  # VideoRoPE
-    assert rotary.reference_sections("interleaved", 128, 3) is None
+    assert rotary.reference_sections("alternating", 128, 3) is None
     for allocation in rotary.ALLOCATIONS:
         for head_dim, num_axes in itertools.product((8, 16, 32, 64, 128), (1, 2, 3, 4)):
             sections = rotary.reference_sections(allocation, head_dim, num_axes)
@@ -470,3 +470,18 @@ def test_frequencies_ladders():
 def test_bad_input_raises_clear_value_error(x_shape, pos_shape, kw, match):
     with pytest.raises(ValueError, match=match):
         rotary.rotate(jnp.zeros(x_shape), jnp.zeros(pos_shape), **kw)
+
+
+def test_the_alternating_allocation_was_called_interleaved():
+    """ "interleaved" names a pair layout; the allocation a(i) = i mod A is "alternating".
+    The old name is one line, and a config saved with it loads under the new one."""
+    from rope_jax import defaults
+
+    with pytest.raises(ValueError, match="allocation='interleaved' is now allocation="
+                       "'alternating'") as err:  # fmt: skip
+        rotary.RopeSpec(allocation="interleaved")
+    assert "\n" not in str(err.value)
+    old = {"model": {"rope": {"allocation": "interleaved", "layout": "interleaved"}}}
+    rope = defaults.migrate(old)["model"]["rope"]
+    assert rope == {"allocation": "alternating", "layout": "interleaved"}
+    assert rotary.RopeSpec().allocation == "alternating"

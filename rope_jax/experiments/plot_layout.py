@@ -73,7 +73,7 @@ def allocation_table(
 ) -> np.ndarray:
     """Axis of every rotation pair under each allocation: int32 [len(allocations), H/2].
 
-    `sections` None = `rotary.reference_sections` of each allocation ("interleaved" reads
+    `sections` None = `rotary.reference_sections` of each allocation ("alternating" reads
     none).
     """
     rows = []

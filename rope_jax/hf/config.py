@@ -333,6 +333,8 @@ def check_exportable(model_cfg, *, num_axes: int = 1) -> None:
          f"the tied latent's RMSNorm {v4}"),
         ("model.attention.kv", m.attention.kv, m.attention.kv == "separate",
          "tied K/V has no HF class"),
+        ("model.attention.bias", m.attention.bias, m.attention.bias == "none",
+         "position biases on the logits have no Llama/Qwen class"),
         ("model.rope.sites", rope.sites, sorted(rope.sites) == ["k", "q"],
          "transformers rotates exactly q and k (sites v/o and NoPE have no HF class)"),
         ("model.rope.learned", m.rope.learned, m.rope.learned == "none",

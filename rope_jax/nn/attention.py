@@ -28,7 +28,8 @@ Attention sinks and sliding windows (`sinks`, `window`; gpt-oss, Mistral, Gemma)
 layer with sinks holds one learned logit per query head ("sinks" [N], zeros at init)
 that joins every softmax denominator and carries no value; a sliding layer attends the
 W latest keys (t - W < s <= t) and decodes through a ring of W cache slots
-(`nn.sliding`). Both are kernel arguments (`kernels.mix`), so every impl runs them.
+(`nn.sliding`). Both are attention terms (`kernels.Terms`, handed to the kernel whole
+with the causal mask, segment ids and any logit bias), so every impl runs them.
 A chunked layer (`chunk`, Llama 4) attends keys s <= t of its own chunk of C positions,
 s // C == t // C, and decodes through a ring of C slots whose segment ids are the
 tokens' chunks.
@@ -62,8 +63,8 @@ from flax import nnx
 
 from rope_jax import rotary, sharding
 from rope_jax.learned import KINDS, LearnedRotation, cayley, check_kind, initial_freqs
-from rope_jax.nn import irope, kernels, sliding, v4
-from rope_jax.nn.layers import RMSNorm, dense_param
+from rope_jax.nn import biases, irope, kernels, sliding, v4
+from rope_jax.nn.layers import DTYPES, RMSNorm, dense_param
 from rope_jax.nn.products import dense
 from rope_jax.rotary import RopeSpec
 
@@ -116,17 +117,12 @@ def attend(
     k_positions,
     sites: str,
     rope: RopeSpec | Any = None,
-    mask=None,
-    causal: bool = False,
+    terms: kernels.Terms | None = None,
     scale: float | None = None,
     impl: str = "xla",
-    q_offset=None,
-    segments=None,
     cached: bool = False,
     seq_len: int | None = None,
-    sinks=None,
-    window: int | None = None,
-    chunk: int | None = None,
+    **fields,
 ) -> jax.Array:
     """Softmax attention with rotation at `sites`.
 
@@ -140,30 +136,23 @@ def attend(
       sites: subset of "qkvo" ("" = NoPE).
       rope: the rotation, a `rotary.RopeSpec` (or a mapping of its fields; None =
         the defaults), or a `learned.LearnedRotation` (trained frequencies and basis).
-      mask: optional bool [B or 1, 1 or N, T, S], True = attend.
-      causal: if True, query t attends keys s <= t + (S - T) (queries are the last T keys),
-        or s <= t + q_offset when `q_offset` is given (decoding: the filled cache slots).
+      terms: what masks or biases the logits (`kernels.Terms`: causal, q_offset, segment
+        ids, a dense mask, window, chunk, sinks, a logit bias), handed to the kernel
+        whole; `fields` (its field names, e.g. causal=True, window=8) replace its fields.
       scale: logit scale, default 1 / sqrt(H).
       impl: the softmax-attention kernel, one of `kernels.IMPLS` (xla, dot_product,
         chunked, splash); rotations stay outside it, so every site set runs on each.
-      q_offset: with `causal`, the position of query 0 among the keys (int or traced).
-      segments: optional (q_segments [B, T], kv_segments [B, S]) int document ids of
-        packed sequences: a query attends only keys of its own document.
       cached: k and v come from a decoding cache, already rotated at their sites: only
         q and o are rotated here (k_positions unused); the attention factor still
         counts the k site.
       seq_len: the static length the dynamic / longrope rules read; default S.
-      sinks: optional float [N], one sink logit per query head (`kernels.mix`).
-      window: optional sliding window W with `causal`: keys t - W < s <= t (offset by
-        q_offset), as `kernels.mix`.
-      chunk: optional chunk C with `causal`: keys s <= t with s // C == t // C (offset
-        by q_offset), as `kernels.mix`.
 
     Returns:
       [B, T, N, H] in q's dtype. Scores and softmax are float32.
     """
     check_sites(sites)
     _check_shapes(q, k, v)
+    terms = kernels.Terms.of(terms, **fields)
     seq_len = k.shape[1] if seq_len is None else seq_len
     spec, rot = rotation_of(rope, seq_len)
     if "q" in sites:
@@ -174,7 +163,7 @@ def attend(
         v = rot(v, k_positions)  # values rotate with their key's position
 
     scale = logit_scale(spec, sites, head_dim=q.shape[-1], seq_len=seq_len, scale=scale)
-    o = _mix(q, k, v, mask, causal, scale, impl, q_offset, segments, sinks, window, chunk)
+    o = kernels.mix(q, k, v, terms, impl=impl, scale=scale)
     if "o" in sites:
         o = rot(o, q_positions, inverse=True)  # o_i -> R_i^T o_i at the query position
     return o.astype(q.dtype)
@@ -187,16 +176,11 @@ def attend_tied(
     q_positions,
     k_positions,
     rope: RopeSpec | Any = None,
-    mask=None,
-    causal: bool = False,
+    terms: kernels.Terms | None = None,
     scale: float | None = None,
     impl: str = "xla",
-    q_offset=None,
-    segments=None,
     seq_len: int | None = None,
-    sinks=None,
-    window: int | None = None,
-    chunk: int | None = None,
+    **fields,
 ) -> jax.Array:
     """Attention with one latent per key serving as key and value (sites "qkvo" implied).
 
@@ -207,19 +191,19 @@ def attend_tied(
     Args:
       q: [B, T, N, H] queries.
       c: [B, S, K, H] key/value latents; N % K == 0.
-      q_positions, k_positions, rope, mask, causal, scale, impl, q_offset, segments,
-        seq_len, sinks, window, chunk: as in `attend`.
+      q_positions, k_positions, rope, terms, scale, impl, seq_len, fields: as in `attend`.
 
     Returns:
       [B, T, N, H] in q's dtype.
     """
     _check_shapes(q, c, c)
+    terms = kernels.Terms.of(terms, **fields)
     seq_len = c.shape[1] if seq_len is None else seq_len
     spec, rot = rotation_of(rope, seq_len)
     q = rot(q, q_positions)
     c = rot(c, k_positions)  # once: the key and the value
     scale = logit_scale(spec, TIED_SITES, head_dim=q.shape[-1], seq_len=seq_len, scale=scale)
-    o = _mix(q, c, c, mask, causal, scale, impl, q_offset, segments, sinks, window, chunk)
+    o = kernels.mix(q, c, c, terms, impl=impl, scale=scale)
     return rot(o, q_positions, inverse=True).astype(q.dtype)
 
 
@@ -250,16 +234,6 @@ def logit_scale(
     if factor == 1.0 or not times:
         return scale
     return (head_dim**-0.5 if scale is None else scale) * factor**times
-
-
-def _mix(q, k, v, mask, causal, scale, impl, q_offset, segments, sinks, window, chunk):
-    """The kernel call shared by `attend` and `attend_tied`: float32 [B, T, N, H]."""
-    q_segments, kv_segments = (None, None) if segments is None else segments
-    if causal and q_offset is None:
-        q_offset = k.shape[1] - q.shape[1]  # queries are the last T keys
-    return kernels.mix(q, k, v, impl=impl, causal=causal, q_offset=q_offset, mask=mask,
-                       q_segments=q_segments, kv_segments=kv_segments, scale=scale,
-                       sinks=sinks, window=window, chunk=chunk)  # fmt: skip
 
 
 def _check_shapes(q, k, v) -> None:
@@ -332,6 +306,7 @@ class Attention(nnx.Module):
         nope_attn_scale: float = 0.0,
         nope_floor_scale: float = 8192.0,
         v4_options: v4.Options = v4.OFF,
+        bias: str = "none",
         norm_eps: float = 1e-6,
         dtype=jnp.float32,
         param_dtype=jnp.float32,
@@ -352,6 +327,7 @@ class Attention(nnx.Module):
         self.kv, self.impl = kv, kernels.check_impl(impl)
         self.dtype = dtype
         d, n, kh, h = embed_dim, num_heads, num_kv_heads, head_dim
+        self.num_heads = n
         self.rope_freqs, self.rope_basis = _learned_params(  # a NoPE layer trains none
             learned if self.sites else "none", h, kh, self.rope, num_axes)  # fmt: skip
         p = dict(dtype=param_dtype, fan_in=d)
@@ -373,22 +349,63 @@ class Attention(nnx.Module):
         self.o_proj = None if g else dense_param(rngs, (n, h, d), ("heads", "head_dim", "embed"),
                                                  dtype=param_dtype, fan_in=n * h,
                                                  scale=out_scale)  # fmt: skip
-        bias = lambda size: nnx.Param(
-            jnp.zeros((size,), param_dtype), out_sharding=(None,), eager_sharding=False
-        )
-        self.q_bias = bias(n * h) if qkv_bias else None
-        self.k_bias = bias(kh * h) if qkv_bias else None
-        self.v_bias = bias(kh * h) if qkv_bias else None
-        self.q_norm = RMSNorm(h, **norm) if qk_norm else None
-        self.k_norm = RMSNorm(h, **norm) if qk_norm else None
+        self._checkpoint_features(qkv_bias, qk_norm, (n, kh, h), norm, param_dtype)
         sink = lambda: nnx.Param(jnp.zeros((n,), param_dtype), out_sharding=("heads",),
                                  eager_sharding=False)  # fmt: skip
         self.sinks = sink() if sinks else None
         self.window, self.chunk = window, chunk  # W of a sliding layer, C of a chunked one
+        self._position_bias(bias, n)
         self.norm_eps, self.qk_l2_norm = norm_eps, bool(qk_l2_norm and self.sites)
         self.temperature = (  # (a, f) of a NoPE layer's query temperature, else None
             (nope_attn_scale, nope_floor_scale) if nope_attn_scale and not self.sites else None
         )
+
+    def _checkpoint_features(self, qkv_bias: bool, qk_norm: bool, shape, norm: dict,
+                             param_dtype) -> None:  # fmt: skip
+        """q_bias [N*H], k_bias, v_bias [K*H] (zeros, flat as in HF checkpoints) and q_norm,
+        k_norm (RMSNorm over H), each None when off."""
+        n, kh, h = shape
+        flat = lambda size: nnx.Param(
+            jnp.zeros((size,), param_dtype), out_sharding=(None,), eager_sharding=False
+        )
+        self.q_bias = flat(n * h) if qkv_bias else None
+        self.k_bias = flat(kh * h) if qkv_bias else None
+        self.v_bias = flat(kh * h) if qkv_bias else None
+        self.q_norm = RMSNorm(h, **norm) if qk_norm else None
+        self.k_norm = RMSNorm(h, **norm) if qk_norm else None
+
+    def _position_bias(self, name: str, num_heads: int) -> None:
+        """The layer's position bias (`nn.biases`; None for "none") and its learned
+        parameters, float32 `bias_<name>`."""
+        scheme = biases.check(name)
+        self.bias = name if scheme.fn is not None else None
+        initial = scheme.init(num_heads) if self.bias else {}
+        self._bias_names = tuple(initial)
+        for key, value in initial.items():
+            param = nnx.Param(jnp.asarray(value, jnp.float32), eager_sharding=False)
+            setattr(self, f"bias_{key}", param)
+
+    @classmethod
+    def from_config(
+        cls, cfg, rope: RopeSpec | None, *, num_axes: int = 1, window: int | None = None,
+        chunk: int | None = None, out_scale: float = 1.0, rngs: nnx.Rngs,
+    ) -> Attention:  # fmt: skip
+        """The layer a decoder config (`config.model`) describes: its shape, its
+        `attention` section and the rotation settings of `rope` (None: a NoPE layer).
+        `window` / `chunk` are this layer's (None for a full layer: `layer_types` decides);
+        `out_scale` scales the output projection's init."""
+        att = cfg.attention
+        return cls(
+            cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+            sites=cfg.rope.sites, rope=rope, nope=rope is None, learned=cfg.rope.learned,
+            num_axes=num_axes, kv=att.kv, impl=att.impl, qkv_bias=att.qkv_bias,
+            qk_norm=att.qk_norm, sinks=att.sinks, window=window, chunk=chunk,
+            qk_l2_norm=att.qk_l2_norm, nope_attn_scale=cfg.rope.nope_attn_scale,
+            nope_floor_scale=cfg.rope.nope_floor_scale, v4_options=v4.Options.of(att),
+            bias=att.bias,
+            norm_eps=cfg.norm_eps, dtype=DTYPES[cfg.dtype], param_dtype=DTYPES[cfg.param_dtype],
+            out_scale=out_scale, rngs=rngs,
+        )  # fmt: skip
 
     def rotation(self) -> RopeSpec | LearnedRotation:
         """What this layer rotates by: its spec, or the learned rotation of its parameters."""
@@ -435,18 +452,33 @@ class Attention(nnx.Module):
         """
         x = x.astype(self.dtype)
         q, k, v = self._project(x, positions)
-        pairs = None if segments is None else (segments, segments)
-        kw = dict(q_positions=positions, k_positions=positions, rope=self.rotation(), mask=mask,
-                  impl=self.impl, segments=pairs, sinks=self._sinks(),
-                  window=self.window, chunk=self.chunk)  # fmt: skip
+        terms = kernels.Terms(
+            causal=causal, q_segments=segments, kv_segments=segments, mask=mask,
+            window=self.window, chunk=self.chunk, sinks=self._sinks(),
+            bias=self._bias(positions, positions),
+        )  # fmt: skip
+        kw = dict(q_positions=positions, k_positions=positions, rope=self.rotation(),
+                  terms=terms, impl=self.impl)  # fmt: skip
         if self.kv == "tied" and self.sites:
-            o = attend_tied(q, k, causal=causal, **kw)
+            o = attend_tied(q, k, **kw)
         else:  # separate, or a tied NoPE layer (k = v = the latent, unrotated)
-            o = attend(q, k, v, sites=self.sites, causal=causal, **kw)
+            o = attend(q, k, v, sites=self.sites, **kw)
         return self._out(o)
 
     def _sinks(self):
         return None if self.sinks is None else self.sinks[...]
+
+    def _bias(self, q_positions, k_positions):
+        """The layer's position bias (`nn.biases`) between queries at q_positions [B, T, A]
+        (or [B, T]) and keys at k_positions, as a `kernels.Bias`; None without one. A bias
+        reads the first position axis (text positions)."""
+        if self.bias is None:
+            return None
+        scheme, first = biases.SCHEMES[self.bias], lambda p: p if p.ndim == 2 else p[..., 0]
+        params = {name: getattr(self, f"bias_{name}")[...] for name in self._bias_names}
+        inputs = (scheme.constants(self.num_heads), first(q_positions).astype(jnp.float32),
+                  first(k_positions).astype(jnp.float32))  # fmt: skip
+        return kernels.Bias(scheme.fn, params, inputs)
 
     def _out(self, o):
         """o [B, T, N, H] . o_proj [N, H, D] (or the grouped o_a, o_b) -> [B, T, D] in the
@@ -463,14 +495,18 @@ class Attention(nnx.Module):
         (`nn.sliding`).
 
         Entries are stored after their rotation (k if "k" in sites, v if "v" in sites,
-        c always when tied), in the compute dtype.
+        c always when tied), in the compute dtype; a layer with a position bias also
+        keeps each slot's position, "pos" [B, S] float32.
         """
         proj = self.kv_proj if self.kv == "tied" else self.k_proj
         reach = self.window or self.chunk  # None for a full layer
         slots = max_len if reach is None else sliding.ring_slots(reach, max_len)
         shape = (batch_size, slots, *proj.shape[1:])
         names = ("c",) if self.kv == "tied" else ("k", "v")
-        return {name: jnp.zeros(shape, self.dtype) for name in names}
+        cache = {name: jnp.zeros(shape, self.dtype) for name in names}
+        if self.bias is not None:  # a position bias reads the keys' positions
+            cache["pos"] = jnp.zeros(shape[:2], jnp.float32)
+        return cache
 
     def decode(
         self, x, positions, cache: dict, index, seq_len: int | None = None
@@ -500,31 +536,41 @@ class Attention(nnx.Module):
             new = {"c": rot(k) if self.sites else k}  # rotated once (unless a NoPE layer)
         else:
             new = {"k": rot(k) if "k" in self.sites else k, "v": rot(v) if "v" in self.sites else v}
-        kw = dict(
+        if self.bias is not None:
+            new["pos"] = (positions if positions.ndim == 2 else positions[..., 0]).astype(
+                jnp.float32
+            )
+        terms = kernels.Terms(causal=True, sinks=self._sinks())
+        ring = self.window is not None or self.chunk is not None
+        if not ring:  # new token t sees the filled slots and itself
+            at = (0, index, 0, 0)
+            cache = {name: jax.lax.dynamic_update_slice(cache[name], new[name],
+                                                        at[: new[name].ndim])
+                     for name in new}  # fmt: skip
+            terms = kernels.Terms.of(terms, q_offset=index)
+        else:  # the ring in token order, then the new entries: query 0 at offset C
+            slots = next(iter(cache.values())).shape[1]
+            cache = {name: sliding.ring_keys(cache[name], new[name], index) for name in new}
+            q_ids, kv_ids = self._ring_segments(*x.shape[:2], slots, index)
+            terms = kernels.Terms.of(terms, q_offset=slots, window=self.window,
+                                     q_segments=q_ids, kv_segments=kv_ids)  # fmt: skip
+        keys = cache["c"] if self.kv == "tied" else cache["k"]
+        values = cache["c"] if self.kv == "tied" else cache["v"]
+        if self.bias is not None:
+            terms = kernels.Terms.of(terms, bias=self._bias(positions, cache["pos"]))
+        o = attend(
+            q,
+            keys,
+            values,
             q_positions=positions,
             k_positions=None,
             sites=self.sites,
             rope=rope,
-            causal=True,
+            terms=terms,
             impl=self.impl,
             cached=True,
             seq_len=seq_len,
-            sinks=self._sinks(),
         )  # fmt: skip  (keys, values: already rotated)
-        ring = self.window is not None or self.chunk is not None
-        if not ring:  # new token t sees the filled slots and itself
-            at = (0, index, 0, 0)
-            cache = {name: jax.lax.dynamic_update_slice(cache[name], new[name], at)
-                     for name in new}  # fmt: skip
-            kw.update(q_offset=index)
-        else:  # the ring in token order, then the new entries: query 0 at offset C
-            slots = next(iter(cache.values())).shape[1]
-            cache = {name: sliding.ring_keys(cache[name], new[name], index) for name in new}
-            segments = self._ring_segments(*x.shape[:2], slots, index)
-            kw.update(q_offset=slots, window=self.window, segments=segments)
-        keys = cache["c"] if self.kv == "tied" else cache["k"]
-        values = cache["c"] if self.kv == "tied" else cache["v"]
-        o = attend(q, keys, values, **kw)
         if ring:
             cache = {name: sliding.ring_store(cache[name], slots, index) for name in cache}
         return self._out(o), cache

@@ -16,6 +16,8 @@ from flax import nnx
 from rope_jax import sharding
 from rope_jax.nn.products import dense
 
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # config dtype names
+
 
 def dense_param(rngs: nnx.Rngs, shape, names, *, fan_in: int, dtype, scale: float = 1.0):
     """A normal(std = scale / sqrt(fan_in)) parameter carrying logical axis `names`.

@@ -52,12 +52,11 @@ import ml_collections
 from flax import nnx
 
 from rope_jax import defaults, layouts, learned, rotary, sharding
-from rope_jax.nn import irope, kernels, sliding, v4
+from rope_jax.nn import biases, irope, kernels, sliding, v4
 from rope_jax.nn.attention import Attention, check_kv, check_sites
-from rope_jax.nn.layers import MLP, RMSNorm, dense_param
+from rope_jax.nn.layers import DTYPES, MLP, RMSNorm, dense_param
 from rope_jax.nn.products import dense
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # Activation rematerialisation: "block" keeps only each block's input for the backward
 # pass and recomputes the rest (memory ~1/num_layers of "none" for ~1.3x the FLOPs).
 REMAT = ("none", "block")
@@ -112,6 +111,7 @@ def check_config(cfg, num_axes: int = 1, *, train_seq_len: int | None = None):
     if not isinstance(patch_dim, int) or patch_dim < 0:
         _fail("patch_dim", patch_dim, "must be a non-negative integer (0 = text only)")
     check_sites(cfg.rope.sites, field="model.rope.sites")
+    _check_bias(cfg, num_axes)  # a term the kernel lacks is named before its backend
     kernels.check_impl(cfg.attention.impl, field="model.attention.impl")
     check_kv(cfg.attention.kv, cfg.rope.sites, kv_field="model.attention.kv",
              sites_field="model.rope.sites")  # fmt: skip
@@ -121,6 +121,17 @@ def check_config(cfg, num_axes: int = 1, *, train_seq_len: int | None = None):
     v4.check_config(cfg)
     _check_learned(cfg, rotation(cfg, num_axes, train_seq_len=train_seq_len))
     return cfg
+
+
+def _check_bias(cfg, num_axes: int) -> None:
+    """`model.attention.bias` names a scheme of `biases.SCHEMES`, read on 1-D positions,
+    by a kernel that computes a logit bias (`kernels.choose`, the one place that says)."""
+    scheme = biases.check(cfg.attention.bias, field="model.attention.bias")
+    if scheme.fn is not None:
+        kernels.choose(cfg.attention.impl, {"causal", "bias"}, field="model.attention.impl")
+    if scheme.fn is not None and num_axes != 1:
+        _fail("attention.bias", cfg.attention.bias, f"reads 1-D text positions; the data has "
+              f"{num_axes} position axes")  # fmt: skip
 
 
 def _check_learned(cfg, spec: rotary.RopeSpec) -> None:
@@ -269,33 +280,8 @@ class Block(nnx.Module):
         out_scale = 1.0 / math.sqrt(2 * cfg.num_layers)  # residual branches (GPT-2 style)
         norm = dict(eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
         self.attn_norm = RMSNorm(cfg.embed_dim, **norm)
-        self.attn = Attention(
-            cfg.embed_dim,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            sites=cfg.rope.sites,
-            rope=rope,
-            nope=rope is None,
-            learned=cfg.rope.learned,
-            num_axes=num_axes,
-            kv=cfg.attention.kv,
-            impl=cfg.attention.impl,
-            qkv_bias=cfg.attention.qkv_bias,
-            qk_norm=cfg.attention.qk_norm,
-            sinks=cfg.attention.sinks,
-            window=window,
-            chunk=chunk,
-            qk_l2_norm=cfg.attention.qk_l2_norm,
-            nope_attn_scale=cfg.rope.nope_attn_scale,
-            nope_floor_scale=cfg.rope.nope_floor_scale,
-            v4_options=v4.Options.of(cfg.attention),
-            norm_eps=cfg.norm_eps,
-            dtype=dtype,
-            param_dtype=param_dtype,
-            out_scale=out_scale,
-            rngs=rngs,
-        )
+        self.attn = Attention.from_config(cfg, rope, num_axes=num_axes, window=window,
+                                          chunk=chunk, out_scale=out_scale, rngs=rngs)  # fmt: skip
         self.mlp_norm = RMSNorm(cfg.embed_dim, **norm)
         self.mlp = MLP(
             cfg.embed_dim,

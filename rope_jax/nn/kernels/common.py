@@ -1,4 +1,5 @@
-"""What the kernels share: argument checks, the causal / segment / dense keep-masks, padding."""
+"""What the kernels share: argument checks, the causal / segment / dense keep-masks, the
+scores' per-head layout, padding."""
 
 from __future__ import annotations
 
@@ -101,7 +102,8 @@ def _segment_keep(q_segments, kv_segments):
 
 
 def _group_mask(mask, kv_heads: int):
-    """Dense mask [B or 1, 1 or N, T, S] -> [B or 1, 1 or K, T, 1 or G, S] (head n = k G + g)."""
+    """A per-head array (a dense mask, a logit bias) [B or 1, 1 or N, T, S] -> the scores'
+    layout [B or 1, 1 or K, T, 1 or G, S] (head n = k G + g)."""
     mb, mn = mask.shape[:2]
     if mn == 1:
         return mask[:, :, :, None, :]  # [B or 1, 1, T, 1, S]
@@ -137,3 +139,11 @@ def _pad_axis(x, length: int, axis: int, value=0):
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, length - x.shape[axis])
     return jnp.pad(x, widths, constant_values=value)
+
+
+def _unbroadcast(x, shape):
+    """x summed over the axes where `shape` is 1 (and x is not): the cotangent of an array
+    of `shape` that was broadcast to x's shape."""
+    pairs = enumerate(zip(x.shape, shape, strict=True))
+    axes = tuple(i for i, (a, b) in pairs if b == 1 and a != 1)
+    return x.sum(axes, keepdims=True) if axes else x

@@ -6,18 +6,18 @@ import jax
 import jax.numpy as jnp
 
 from rope_jax.nn.kernels.common import _dense_keep, _is_static, _rows_with_keys
-from rope_jax.nn.kernels.xla import _softmax_mix
+from rope_jax.nn.kernels.terms import Terms
 
 
-def _mix_dot_product(
-    q, k, v, *, q_offset, q_segments, kv_segments, mask, scale, sinks, window, chunk
-) -> jax.Array:
+def _mix_dot_product(q, k, v, terms: Terms, *, scale: float) -> jax.Array:
     """`jax.nn.dot_product_attention`, with masks expressed the cheapest way it accepts.
 
     - sinks: jax.nn takes none (its logsumexp residual is rounded to the input dtype and
-      carries no gradient, so it cannot rescale the output either): with `sinks` this
-      impl runs the `xla` reference kernel, on every backend (cuDNN included), and is
-      exactly `impl="xla"`. Use "chunked" (or "splash" on TPU) for sinks at long T.
+      carries no gradient, so it cannot rescale the output either): the registry
+      (`kernels.KERNELS`) sends a call with sinks to the `xla` kernel, on every backend.
+      Use "chunked" (or "splash" on TPU) for sinks at long T.
+    - a logit bias: computed over the whole [T, S] and passed as jax.nn's `bias`, on
+      jax's XLA implementation (its gradient reaches the bias' parameters there).
     - causal with a static q_offset == 0: `is_causal=True` (cuDNN skips masked blocks),
       and a sliding window W as `local_window_size=(W - 1, 0)` (cuDNN's
       `sliding_window_length` W, blocks outside it skipped too).
@@ -39,10 +39,8 @@ def _mix_dot_product(
     inputs are not downcast): correct, with float32 scores materialized like "xla".
     Rows with no allowed key are set to 0 here (jax would average all values).
     """
-    if sinks is not None:
-        kw = dict(q_offset=q_offset, q_segments=q_segments, kv_segments=kv_segments)
-        return _softmax_mix(q, k, v, mask=mask, causal=q_offset is not None, scale=scale,
-                            sinks=sinks, window=window, chunk=chunk, **kw)  # fmt: skip
+    q_offset, mask, window, chunk = terms.q_offset, terms.mask, terms.window, terms.chunk
+    q_segments, kv_segments = terms.q_segments, terms.kv_segments
     (b, t, _, h), s = q.shape, k.shape[1]
     dtype = jnp.result_type(q, k, v)  # jax.nn wants one dtype for q, k, v
     q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
@@ -64,10 +62,15 @@ def _mix_dot_product(
     if keep is not None:  # rows may be empty: check them against every condition
         has_key = _rows_with_keys(_dense_keep(t, s, q_offset=q_offset, **segs))
     implementation = _dot_product_backend(dtype, h, t, s, dense_mask=keep is not None)
+    bias = None
+    if terms.bias is not None:  # [B|1, N|1, T, S], on XLA (see above)
+        bias = terms.bias.at(jnp.arange(t, dtype=jnp.int32), jnp.arange(s, dtype=jnp.int32))
+        bias, implementation = bias.astype(dtype), "xla"
     o = jax.nn.dot_product_attention(
         q,
         k,
         v,
+        bias=bias,
         mask=keep,
         scale=scale,
         is_causal=is_causal,

@@ -6,12 +6,12 @@ import jax
 import jax.numpy as jnp
 
 from rope_jax.nn.kernels.common import _dense_keep, _is_static, _pad_axis, _rows_with_keys
+from rope_jax.nn.kernels.terms import Terms
 
 
-def _mix_splash(
-    q, k, v, *, q_offset, q_segments, kv_segments, mask, scale, block_size, sinks, window, chunk
-) -> jax.Array:
-    """TPU Pallas splash attention (block-sparse flash attention).
+def _mix_splash(q, k, v, terms: Terms, *, scale: float, block_size: int) -> jax.Array:
+    """TPU Pallas splash attention (block-sparse flash attention). It has no logit-bias
+    input: the registry refuses a bias here (`kernels.KERNELS`).
 
     Causality with a static q_offset >= 0 is a lazy `CausalMask` (fully masked blocks are
     skipped), with a sliding window W a lazy `LocalMask` (window (W - 1, 0): blocks
@@ -26,6 +26,9 @@ def _mix_splash(
     and, like every row with no allowed key, are set to 0 afterwards.
     """
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+    q_offset, mask, window, chunk = terms.q_offset, terms.mask, terms.window, terms.chunk
+    q_segments, kv_segments, sinks = terms.q_segments, terms.kv_segments, terms.sinks
 
     (b, t, n, _), s = q.shape, k.shape[1]
     if block_size % 128:

@@ -6,46 +6,35 @@ import jax
 import jax.numpy as jnp
 
 from rope_jax.nn.kernels.common import _and, _causal_keep, _group_mask, _segment_keep
+from rope_jax.nn.kernels.terms import Terms
 
 
-def _softmax_mix(
-    q,
-    k,
-    v,
-    *,
-    mask,
-    causal: bool,
-    scale: float | None,
-    q_offset=None,
-    q_segments=None,
-    kv_segments=None,
-    sinks=None,
-    window: int | None = None,
-    chunk: int | None = None,
-) -> jax.Array:
-    """sum_s softmax_s(q . k_s * scale) v_s for GQA heads; float32 [B, T, N, H].
+def _softmax_mix(q, k, v, terms: Terms, *, scale: float) -> jax.Array:
+    """sum_s softmax_s(q . k_s * scale + b) v_s for GQA heads; float32 [B, T, N, H].
 
     Scores are laid out [B, K, T, G, S], the order a dot of q [B, T, K, G, H] with
     k [B, S, K, H] produces, and the probabilities' dot with v returns [B, T, K, G, H]
     = [B, T, N, H] directly: no transpose of the [.., T, S] arrays forward or backward.
-    Rows with no allowed key are set to 0 (their softmax would be uniform otherwise).
+    The logit bias (if any) is computed over the whole [T, S] once and added before the
+    mask. Rows with no allowed key are set to 0 (their softmax would be uniform otherwise).
     A sink z_n [N] joins each row's denominator: probabilities exp(x - m) / (sum_s
     exp(x_s - m) + exp(z - m)) with m the larger of the row's max and z (as HF's eager
     gpt-oss attention, without concatenating a column to the [.., S] scores).
     """
     (b, t, n, h), s, kh = q.shape, k.shape[1], k.shape[2]
-    scale = h**-0.5 if scale is None else scale
     qg = q.reshape(b, t, kh, n // kh, h)  # [B, T, K, G, H]: head n = k * G + g
     logits = jnp.einsum("BTKGH,BSKH->BKTGS", qg, k, preferred_element_type=jnp.float32)
     logits = logits * scale  # [B, K, T, G, S]
-    keep = _mask(mask, causal, t, s, kh, q_offset=q_offset, q_segments=q_segments,
-                 kv_segments=kv_segments, window=window, chunk=chunk)  # fmt: skip
+    if terms.bias is not None:
+        bias = terms.bias.at(jnp.arange(t, dtype=jnp.int32), jnp.arange(s, dtype=jnp.int32))
+        logits = logits + _group_mask(bias, kh)
+    keep = _mask(terms, t, s, kh)
     if keep is not None:
         logits = jnp.where(keep, logits, jnp.finfo(jnp.float32).min)
-    if sinks is None:
+    if terms.sinks is None:
         probs = jax.nn.softmax(logits, axis=-1)
     else:
-        z = sinks.astype(jnp.float32).reshape(1, kh, 1, n // kh, 1)  # [1, K, 1, G, 1]
+        z = terms.sinks.astype(jnp.float32).reshape(1, kh, 1, n // kh, 1)  # [1, K, 1, G, 1]
         probs = _softmax_with_sink(logits, z)
     o = jnp.einsum(
         "BKTGS,BSKH->BTKGH", probs.astype(v.dtype), v, preferred_element_type=jnp.float32
@@ -85,37 +74,22 @@ def _softmax_with_sink_jvp(primals, tangents):
     return p, p * (dx - dl)
 
 
-def _mask(
-    mask,
-    causal: bool,
-    t: int,
-    s: int,
-    kv_heads: int,
-    *,
-    q_offset=None,
-    q_segments=None,
-    kv_segments=None,
-    window: int | None = None,
-    chunk: int | None = None,
-):
+def _mask(terms: Terms, t: int, s: int, kv_heads: int):
     """Combined bool keep-mask broadcastable to the scores [B, K, T, G, S] (5-D), or None.
 
-    `mask` is [B or 1, 1 or N, T, S] with head n = k * G + g. With `causal`, query t
-    attends key s iff s <= t + q_offset (q_offset None: S - T, the queries are the last T
-    keys), with a `window` W also s > t + q_offset - W, with a `chunk` C also
-    s // C == (t + q_offset) // C. `q_segments` [B, T] and
-    `kv_segments` [B, S]: attend only within a document.
+    The dense mask is [B or 1, 1 or N, T, S] with head n = k * G + g. With causality,
+    query t attends key s iff s <= t + q_offset, with a window W also
+    s > t + q_offset - W, with a chunk C also s // C == (t + q_offset) // C; with segment
+    ids only within a document.
     """
     keep = None
-    if causal:
-        offset = s - t if q_offset is None else q_offset
-        keep = _causal_keep(jnp.arange(t), jnp.arange(s), offset, window, chunk)
+    if terms.causal:
+        keep = _causal_keep(jnp.arange(t), jnp.arange(s), terms.q_offset, terms.window,
+                            terms.chunk)  # fmt: skip
         keep = keep[None, None, :, None, :]
-    if q_segments is not None:
-        keep = _and(keep, _segment_keep(q_segments, kv_segments)[:, None, :, None, :])
-    if mask is not None:
-        mask = jnp.asarray(mask, bool)
-        if mask.ndim != 4:
-            raise ValueError(f"mask has shape {mask.shape}: expected [B or 1, 1 or N, T, S]")
-        keep = _and(keep, _group_mask(mask, kv_heads))
+    if terms.q_segments is not None:
+        segments = _segment_keep(terms.q_segments, terms.kv_segments)
+        keep = _and(keep, segments[:, None, :, None, :])
+    if terms.mask is not None:
+        keep = _and(keep, _group_mask(terms.mask, kv_heads))
     return keep

@@ -1,0 +1,71 @@
+"""Position biases on the attention logits: telling a head where a token is by adding a
+term b(p_t, p_s, n) to its logits, beside or instead of rotating q and k.
+
+One registry, `SCHEMES`; `model.attention.bias` names an entry. A scheme is its bias
+function (the `kernels.Bias` hook: called per block with the block's query rows and key
+slots, so every kernel that takes a bias runs it, "chunked" block by block), the
+per-head constants it reads and the initial values of any parameters it learns (one set
+per layer, float32 `nnx.Param`s named `bias_<name>`). The layer hands the function the
+1-D positions of its queries and keys (a decoding cache keeps the keys' positions), so
+a bias sees positions, never slot indices. Adding a scheme is one entry here, its test
+and a line of docs/maths.md#position-biases.
+
+  none   no bias.
+  alibi  b = -m_n |p_t - p_s| (Press et al. 2022), with the geometric slopes m_n of
+         `alibi_slopes` for any head count (HF's `build_alibi_tensor`); no parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheme:
+    """One position bias: `fn(params, (constants, q_positions [B, T], k_positions [B, S]),
+    q_idx, k_idx)` -> float32 broadcastable to [B, N, t, s]; `constants(num_heads)` its
+    fixed per-head numbers; `init(num_heads)` its learned parameters' initial values
+    (name -> float array)."""
+
+    fn: Callable | None
+    means: str
+    constants: Callable[[int], np.ndarray | tuple] = lambda num_heads: ()
+    init: Callable[[int], dict] = lambda num_heads: {}
+
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+    """ALiBi's slopes, float32 [N]: for N a power of two, m_n = 2 ** (-8 (n + 1) / N); else
+    those of the largest power of two P below N, then every other slope of 2P (HF's
+    `build_alibi_tensor`, Press et al.'s reference)."""
+    closest = 2 ** math.floor(math.log2(num_heads))
+    base = 2.0 ** (-(2.0 ** -(math.log2(closest) - 3)))
+    slopes = base ** np.arange(1, closest + 1, dtype=np.float64)
+    if closest != num_heads:
+        extra = 2.0 ** (-(2.0 ** -(math.log2(2 * closest) - 3)))
+        odd = np.arange(1, 1 + 2 * (num_heads - closest), 2, dtype=np.float64)
+        slopes = np.concatenate([slopes, extra**odd])
+    return slopes.astype(np.float32)
+
+
+def _alibi(params, inputs, q_idx, k_idx):
+    slopes, q_pos, k_pos = inputs  # [N], [B, T], [B, S]
+    distance = jnp.abs(q_pos[:, q_idx][:, :, None] - k_pos[:, k_idx][:, None, :])  # [B, t, s]
+    return -jnp.asarray(slopes)[None, :, None, None] * distance[:, None]
+
+
+SCHEMES: dict[str, Scheme] = {
+    "none": Scheme(None, "no position bias"),
+    "alibi": Scheme(_alibi, "-m_n |p_t - p_s|, geometric slopes", constants=alibi_slopes),
+}
+
+
+def check(name: str, field: str = "bias") -> Scheme:
+    """The scheme `name` names, else one ValueError line listing them."""
+    if name not in SCHEMES:
+        raise ValueError(f"{field}={name!r} is not one of {', '.join(map(repr, SCHEMES))}")
+    return SCHEMES[name]

@@ -1,0 +1,105 @@
+"""Tests for rope_jax.nn.biases: position biases on the logits, through the kernels'
+bias hook, in training, in every kernel that takes a bias and in cached decoding."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import common
+from rope_jax.nn import biases
+from rope_jax.nn import model as model_lib
+
+T = 12
+
+
+def tiny(**overrides):
+    cfg = common.base_config("tiny").model
+    cfg.update_from_flattened_dict({"num_layers": 2, "embed_dim": 32, "num_heads": 4,
+                                    "num_kv_heads": 2, "head_dim": 8, "mlp_dim": 64,
+                                    "attention.bias": "alibi", "rope.sites": "",
+                                    **overrides})  # fmt: skip
+    return cfg
+
+
+@pytest.mark.parametrize(
+    "heads, want",
+    [(8, [2.0**-i for i in range(1, 9)]),
+     # not a power of two: the 8 of N = 8, then every other slope of N = 16 (2^-0.5 ...)
+     (12, [2.0**-i for i in range(1, 9)] + [2.0**-0.5, 2.0**-1.5, 2.0**-2.5, 2.0**-3.5]),
+     (1, [2.0**-8])],
+)  # fmt: skip
+def test_alibi_slopes_are_geometric_for_any_head_count(heads, want):
+    np.testing.assert_allclose(biases.alibi_slopes(heads), want, rtol=1e-6)
+
+
+def test_alibi_is_the_distance_times_the_slope_and_relative():
+    slopes = biases.alibi_slopes(4)
+    q_pos = jnp.asarray([[0.0, 3.0, 7.0]])
+    k_pos = jnp.asarray([[0.0, 1.0, 5.0, 7.0]])
+    b = biases.SCHEMES["alibi"].fn({}, (slopes, q_pos, k_pos), jnp.arange(3), jnp.arange(4))
+    want = -slopes[None, :, None, None] * np.abs(
+        np.asarray(q_pos)[:, None, :, None] - np.asarray(k_pos)[:, None, None, :]
+    )
+    np.testing.assert_allclose(np.asarray(b), want, rtol=1e-6)
+    shifted = biases.SCHEMES["alibi"].fn({}, (slopes, q_pos + 40, k_pos + 40), jnp.arange(3),
+                                         jnp.arange(4))  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(shifted), np.asarray(b))
+
+
+def _loss_and_grads(cfg, tok, pos):
+    net = model_lib.Decoder(cfg, rngs=nnx.Rngs(0))
+
+    def loss(net):
+        logits = net(tok, pos)
+        return jnp.mean(jax.nn.logsumexp(logits, -1) - logits[..., 0])
+
+    value, grads = nnx.value_and_grad(loss)(net)
+    return value, jax.tree.leaves(nnx.state(grads, nnx.Param))
+
+
+@pytest.mark.parametrize("sites", ["", "qk"])
+def test_every_kernel_runs_alibi_alike_forward_and_backward(sites):
+    tok = jnp.asarray(np.random.default_rng(0).integers(0, 259, (2, T)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.float32)[None, :, None], (2, T, 1))
+    runs = {impl: _loss_and_grads(tiny(**{"rope.sites": sites, "attention.impl": impl}), tok, pos)
+            for impl in ("xla", "dot_product", "chunked")}  # fmt: skip
+    ref_loss, ref_grads = runs["xla"]
+    for loss, grads in runs.values():
+        np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+        for g, r in zip(grads, ref_grads, strict=True):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-5, rtol=1e-4)
+    plain, _ = _loss_and_grads(tiny(**{"rope.sites": sites, "attention.bias": "none"}), tok, pos)
+    assert abs(float(plain) - float(ref_loss)) > 1e-4  # the bias is applied
+
+
+@pytest.mark.parametrize("layers", [{}, {"attention.window": 5}])
+def test_decoding_with_alibi_equals_the_forward_pass(layers):
+    """The cache keeps each slot's position, so a decoded token's bias is the forward
+    pass's; a sliding layer's ring keeps them in step with its keys."""
+    net = model_lib.Decoder(tiny(**layers), rngs=nnx.Rngs(0))
+    tok = jnp.asarray(np.random.default_rng(1).integers(0, 259, (1, T)), jnp.int32)
+    pos = jnp.arange(T, dtype=jnp.float32)[None, :, None] + 3.0
+    cache = net.init_cache(1, T)
+    first, cache = net.decode(tok[:, :-4], pos[:, :-4], cache)
+    steps = [first]
+    for i in range(T - 4, T):
+        out, cache = net.decode(tok[:, i : i + 1], pos[:, i : i + 1], cache)
+        steps.append(out)
+    np.testing.assert_allclose(np.concatenate([np.asarray(s) for s in steps], 1),
+                               np.asarray(net(tok, pos)), atol=2e-4)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [({"attention.bias": "fire2"}, "model.attention.bias='fire2' is not one of 'none', 'alibi'"),
+     ({"attention.impl": "splash"}, "model.attention.impl='splash' cannot compute the "
+                                    "attention term 'bias'")],
+)  # fmt: skip
+def test_bad_bias_settings_are_one_line(overrides, message):
+    with pytest.raises(ValueError, match=message) as err:
+        model_lib.check_config(tiny(**overrides), train_seq_len=T)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="reads 1-D text positions; the data has 2"):
+        model_lib.check_config(tiny(), 2, train_seq_len=T)
