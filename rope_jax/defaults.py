@@ -205,7 +205,8 @@ def attention() -> ml_collections.ConfigDict:
     attention.impl = "xla"
     # bias: a position bias added to every layer's logits, a scheme of
     # rope_jax.nn.biases.SCHEMES (the table in docs/maths.md#position-biases), e.g. alibi
-    # (-m_n |p_t - p_s|, geometric slopes); none = no bias; combines with any rope.sites
+    # (-m_n |p_t - p_s|, geometric slopes), fire (a learned MLP of the interpolated log
+    # distance); none = no bias; combines with any rope.sites
     attention.bias = "none"
     attention.qkv_bias = False  # biases on the q, k, v projections (Qwen2 checkpoints)
     attention.qk_norm = False  # RMSNorm over H of each q and k head (Qwen3 checkpoints)

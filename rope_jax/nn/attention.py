@@ -354,7 +354,7 @@ class Attention(nnx.Module):
                                  eager_sharding=False)  # fmt: skip
         self.sinks = sink() if sinks else None
         self.window, self.chunk = window, chunk  # W of a sliding layer, C of a chunked one
-        self._position_bias(bias, n)
+        self._position_bias(bias, n, rngs)
         self.norm_eps, self.qk_l2_norm = norm_eps, bool(qk_l2_norm and self.sites)
         self.temperature = (  # (a, f) of a NoPE layer's query temperature, else None
             (nope_attn_scale, nope_floor_scale) if nope_attn_scale and not self.sites else None
@@ -374,12 +374,12 @@ class Attention(nnx.Module):
         self.q_norm = RMSNorm(h, **norm) if qk_norm else None
         self.k_norm = RMSNorm(h, **norm) if qk_norm else None
 
-    def _position_bias(self, name: str, num_heads: int) -> None:
+    def _position_bias(self, name: str, num_heads: int, rngs: nnx.Rngs) -> None:
         """The layer's position bias (`nn.biases`; None for "none") and its learned
-        parameters, float32 `bias_<name>`."""
+        parameters, float32 `bias_<name>` (not sharded: a few numbers)."""
         scheme = biases.check(name)
         self.bias = name if scheme.fn is not None else None
-        initial = scheme.init(num_heads) if self.bias else {}
+        initial = scheme.init(num_heads, rngs.params()) if self.bias else {}
         self._bias_names = tuple(initial)
         for key, value in initial.items():
             param = nnx.Param(jnp.asarray(value, jnp.float32), eager_sharding=False)

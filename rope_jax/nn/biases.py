@@ -13,6 +13,11 @@ and a line of docs/maths.md#position-biases.
   none   no bias.
   alibi  b = -m_n |p_t - p_s| (Press et al. 2022), with the geometric slopes m_n of
          `alibi_slopes` for any head count (HF's `build_alibi_tensor`); no parameters.
+  fire   b = f_n(psi(p_t - p_s) / psi(max(L, p_t))), psi(x) = log(|c| x + 1) (Li et al.
+         2023, FIRE): a learned MLP f (1 -> 32 -> N, ReLU) of the log distance divided by
+         the log of the query's position, progressively interpolated: below the learned
+         threshold L (|L_multiplier| * 512) the divisor is fixed, so short contexts see
+         the distances themselves; c (0.1 at init) and L are learned with the MLP.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -29,13 +35,13 @@ import numpy as np
 class Scheme:
     """One position bias: `fn(params, (constants, q_positions [B, T], k_positions [B, S]),
     q_idx, k_idx)` -> float32 broadcastable to [B, N, t, s]; `constants(num_heads)` its
-    fixed per-head numbers; `init(num_heads)` its learned parameters' initial values
-    (name -> float array)."""
+    fixed per-head numbers; `init(num_heads, key)` its learned parameters' initial values
+    (name -> float array; `key` a JAX PRNG key)."""
 
     fn: Callable | None
     means: str
     constants: Callable[[int], np.ndarray | tuple] = lambda num_heads: ()
-    init: Callable[[int], dict] = lambda num_heads: {}
+    init: Callable[[int, jax.Array], dict] = lambda num_heads, key: {}
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
@@ -58,9 +64,40 @@ def _alibi(params, inputs, q_idx, k_idx):
     return -jnp.asarray(slopes)[None, :, None, None] * distance[:, None]
 
 
+FIRE_WIDTH, FIRE_L, FIRE_EPS = 32, 512.0, 1e-6  # the MLP's width, L's scale, psi's guard
+
+
+def _fire_init(num_heads: int, key) -> dict:
+    """FIRE's parameters: an MLP 1 -> 32 -> N initialised as torch's nn.Linear (uniform
+    within 1/sqrt(fan_in)), c = 0.1, L_multiplier = 1."""
+    k1, k2, k3, k4 = jax.random.split(key, 4)
+    uniform = lambda k, shape, fan_in: (
+        jax.random.uniform(k, shape, jnp.float32, -1, 1) / fan_in**0.5
+    )
+    one = lambda v: jnp.asarray(v, jnp.float32)
+    return {"w1": uniform(k1, (1, FIRE_WIDTH), 1), "b1": uniform(k2, (FIRE_WIDTH,), 1),
+            "w2": uniform(k3, (FIRE_WIDTH, num_heads), FIRE_WIDTH),
+            "b2": uniform(k4, (num_heads,), FIRE_WIDTH), "c": one(0.1),
+            "L_multiplier": one(1.0)}  # fmt: skip
+
+
+def _fire(params, inputs, q_idx, k_idx):
+    _, q_pos, k_pos = inputs
+    p_t = q_pos[:, q_idx][:, :, None]  # [B, t, 1]
+    distance = jnp.maximum(p_t - k_pos[:, k_idx][:, None, :], 0.0)  # causal: p_t >= p_s
+    c, threshold = jnp.abs(params["c"]), jnp.abs(params["L_multiplier"] * FIRE_L)
+    psi = lambda x: jnp.log(c * x + 1.0)
+    x = psi(distance) / (psi(jnp.maximum(p_t, threshold)) + FIRE_EPS)  # [B, t, s] in [0, 1]
+    hidden = jax.nn.relu(x[..., None] * params["w1"][0] + params["b1"])  # [B, t, s, 32]
+    return jnp.moveaxis(hidden @ params["w2"] + params["b2"], -1, 1)  # [B, N, t, s]
+
+
 SCHEMES: dict[str, Scheme] = {
     "none": Scheme(None, "no position bias"),
     "alibi": Scheme(_alibi, "-m_n |p_t - p_s|, geometric slopes", constants=alibi_slopes),
+    "fire": Scheme(
+        _fire, "a learned MLP of the progressively interpolated log distance", init=_fire_init
+    ),
 }
 
 

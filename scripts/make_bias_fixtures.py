@@ -1,0 +1,58 @@
+"""Writes tests/data/biases/alibi.npz: HF transformers' ALiBi (BLOOM's `build_alibi_tensor`)
+for tests/biases_test.py, which reads it in CI without torch.
+
+Run once in the bench venv (torch + transformers, requirements-bench.txt):
+  python scripts/make_bias_fixtures.py
+
+Holds, for each head count N in HEADS, HF's slopes (the alibi tensor at key position 1,
+all keys present), and one causal attention of BLOOM's form, softmax(alibi + q k^T /
+sqrt(H)) v, computed in torch on random q, k, v with a padded row (its mask has zeros at
+the start, so HF's positions are the cumulative count of present keys).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "data",
+                   "biases", "alibi.npz")  # fmt: skip
+HEADS = (1, 2, 3, 4, 5, 8, 12, 16, 20, 32, 48, 64)
+B, T, N, H = 2, 10, 12, 8
+
+
+def slopes(num_heads: int) -> np.ndarray:
+    mask = torch.ones(1, 2)
+    alibi = build_alibi_tensor(mask, num_heads, torch.float32)  # [N, 1, 2]: m_n * position
+    return alibi[:, 0, 1].numpy()
+
+
+def attention(seed: int = 0) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, T, N, H, generator=gen) for _ in range(3))
+    mask = torch.ones(B, T)
+    mask[1, :3] = 0  # row 1: three pad tokens first
+    alibi = build_alibi_tensor(mask, N, torch.float32).reshape(B, N, 1, T)  # m_n * position
+    scores = torch.einsum("btnh,bsnh->bnts", q, k) / H**0.5 + alibi
+    allowed = torch.tril(torch.ones(T, T, dtype=torch.bool))[None, None] & (mask[:, None, None] > 0)
+    probs = torch.softmax(scores.masked_fill(~allowed, torch.finfo(torch.float32).min), -1)
+    out = torch.einsum("bnts,bsnh->btnh", probs, v)
+    positions = (mask.cumsum(-1) - 1) * mask  # HF's: the count of present keys before
+    return {"q": q.numpy(), "k": k.numpy(), "v": v.numpy(), "mask": mask.numpy(),
+            "positions": positions.numpy(), "out": out.numpy()}  # fmt: skip
+
+
+def main() -> None:
+    os.makedirs(os.path.dirname(OUT), exist_ok=True)
+    arrays = {f"slopes_{n}": slopes(n) for n in HEADS}
+    arrays.update({f"attention_{k}": v for k, v in attention().items()})
+    np.savez(OUT, heads=np.asarray(HEADS), **arrays)
+    print(f"wrote {OUT}: slopes for N in {HEADS}, one causal BLOOM attention [B={B}, T={T}, "
+          f"N={N}, H={H}]")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
