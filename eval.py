@@ -4,7 +4,7 @@ r"""Evaluates a checkpoint of a training run on held-out data.
   python eval.py --workdir=runs/x --step=500 --seq_lens=256,512,1024
   python eval.py --workdir=runs/x --fallback            # skip damaged newest steps
   python eval.py --workdir=runs/x --splits=test --tag=test   # eval_<step>_test.json
-  python eval.py --workdir=runs/x --seq_lens=128,512 --passkey=100   # + passkey retrieval
+  python eval.py --workdir=runs/x --seq_lens=128,512 --tasks=loss,passkey --examples=100
   python eval.py --workdir=runs/x --tasks=niah_single_1,vt,cwe --lengths=512,1024,2048 \
       --examples=100 --out=runs/x/ruler                # RULER-style suite: a cell per task, length
   python eval.py --workdir=runs/x --data=linux8k_docs --tag=docs   # another dataset
@@ -27,8 +27,12 @@ own result, the one its sweep's table reads. A flag of the other mode (--seq_len
 --tasks (default `eval.tasks`, "loss") names the evaluation tasks of `harness.evals` scored
 at every length: loss, passkey, and RULER's synthetic tasks (niah_single_1 ... niah_multiquery,
 vt, cwe, fwe; "ruler" = all of them), which a model answers by greedy decoding; --examples
-sets the examples per length of the tasks that have examples (--passkey=N is --tasks=...,passkey
---examples=N). With --out=DIR it runs the suite instead (`harness.suite`): DIR/results.json
+sets the examples per length of the tasks that have examples. --seq_lens and --lengths are
+one setting (the first named like `eval.seq_lens`, the second like the suite's cells; the
+committed pages' commands use both). eval_<step>.json is a checkpoint's own record, the one
+a sweep's table reads; --out=DIR is a resumable directory for a long suite, its examples
+and heatmaps: both exist because a sweep reads the first and a researcher the second.
+With --out=DIR it runs the suite instead (`harness.suite`): DIR/results.json
 (per task and length: the score, examples, settings, commit) and
 DIR/examples/<task>_<length>.jsonl are written as each cell finishes, a rerun resumes at the
 first unfinished cell, and DIR/results.md (task x length) and DIR/heatmap.png close it.
@@ -115,13 +119,6 @@ def define_flags():
         "Replaces model.rope.max_position_embeddings for this evaluation or continuation.",
         lower_bound=1,
     )
-    flags.DEFINE_integer(
-        "passkey",
-        0,
-        "Passkey-retrieval examples per length (byte-level text); 0 = none. Adds "
-        "passkey_accuracy to each length's entry.",
-        lower_bound=0,
-    )
     flags.DEFINE_bool("generate", False, "Print a continuation of --prompt instead.")
     flags.DEFINE_string("prompt", "", "Text to continue with --generate ('' = a new document).")
     flags.DEFINE_integer("max_new_tokens", 200, "Tokens (bytes) to generate.", lower_bound=1)
@@ -174,7 +171,7 @@ def main(argv):
 # flags one mode reads and the other would ignore (--rope_scaling and
 # --max_position_embeddings are read by both)
 EVALUATION_ONLY = ("seq_lens", "lengths", "split", "splits", "num_batches", "tag", "overwrite",
-                   "data", "data_dir", "passkey", "tasks", "examples", "out",
+                   "data", "data_dir", "tasks", "examples", "out",
                    "answer_tokens")  # fmt: skip
 GENERATION_ONLY = ("prompt", "max_new_tokens", "temperature", "seed")
 SUITE_UNREAD = ("splits", "tag")  # the suite scores tasks at lengths, into --out
@@ -204,16 +201,10 @@ def lengths() -> list:
 
 
 def asked_tasks() -> tuple[tuple[str, ...] | None, int | None]:
-    """(tasks, examples) the flags ask for (None: the run's eval.tasks / eval.examples);
-    --passkey=N adds passkey with N examples. A ValueError names an unknown task."""
+    """(tasks, examples) the flags ask for (None: the run's eval.tasks / eval.examples).
+    A ValueError names an unknown task."""
     tasks = evals.parse(FLAGS.tasks) if FLAGS.tasks is not None else None
-    examples = FLAGS.examples
-    if FLAGS.passkey:
-        if examples is not None and examples != FLAGS.passkey:
-            raise ValueError(f"--passkey={FLAGS.passkey} and --examples={examples} disagree: "
-                             "give --tasks=...,passkey --examples=N")  # fmt: skip
-        tasks, examples = (*(tasks or ("loss",)), "passkey"), FLAGS.passkey
-    return tasks, examples
+    return tasks, FLAGS.examples
 
 
 def _run(progress, rope_scaling):

@@ -198,3 +198,21 @@ def test_attention_rows_are_lms_rows_with_and_without_a_sink():
     assert h8.rope.pairs.fraction == 0.125 and h8.attention.kv == "tied"
     with pytest.raises(ValueError, match="row='irope_sinks' is not one of"):
         attention.get_config("row=irope_sinks")
+
+
+def test_position_rows_are_lms_site_rows_and_a_bias():
+    """Every row of configs/positions.py is a valid run: lm's site row of its name, or the
+    site row it starts from with a position bias; the sweep emits every row once."""
+    from configs import positions
+
+    added = []
+    positions.sweep(lambda name, **overrides: added.append((name, overrides)))
+    assert [name for name, _ in added] == list(positions.ROWS)
+    for row in positions.ROWS:
+        config = positions.get_config(f"row={row}")
+        harness.check_config(config)
+        base, bias = positions.BIAS_ROWS.get(row, (row, "none"))
+        assert config.model.rope.sites == lm.get_config(f"row={base}").model.rope.sites, row
+        assert config.model.attention.bias == bias, row
+    with pytest.raises(ValueError, match="row='xpos' is not one of qk, qkvo, vo, nope, alibi"):
+        positions.get_config("row=xpos")

@@ -25,7 +25,8 @@ class Passkey:
     def check(self, config, *, split: str, lengths: Sequence[int], examples: int) -> None:
         """Byte-level text, and lengths that hold an example."""
         if data.kind(config.data).name != "text":
-            raise ValueError("--passkey needs byte-level text data (passkey examples are bytes)")
+            raise ValueError("the passkey task needs byte-level text data (passkey examples "
+                             "are bytes)")  # fmt: skip
         for length in lengths:
             passkey.check_length(length)
 

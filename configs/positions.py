@@ -1,0 +1,57 @@
+"""The position schemes RoPE is compared against, beside the rotation-site rows; ROWS.
+
+  python -m rope_jax.experiments.sweep --config=configs/positions.py:size=tiny \
+      --workdir=runs/positions --seeds=3 --results=results/research/position_schemes
+  python train.py --config=configs/positions.py:size=tiny,row=alibi --workdir=runs/x
+
+Questions: does any scheme beat QK-RoPE at T at this size; which keep their loss past T
+(the sweep evaluates T, 2T, 4T) without a scaling rule; where VO-RoPE lands among them.
+Every row is `configs/lm.py` at the same size and data, with:
+
+  qk, qkvo, vo, nope  the rotation-site rows (lm.ROWS)
+  alibi               no rotation, ALiBi's bias (model.attention.bias, nn/biases.py)
+  fire                no rotation, FIRE's learned bias
+  qk_fire             QK-RoPE with FIRE's bias beside it
+
+Arg keys: size, row, data, steps (as configs/lm.py).
+"""
+
+from __future__ import annotations
+
+from configs import common, lm
+
+SITE_ROWS = ("qk", "qkvo", "vo", "nope")
+BIAS_ROWS = {  # row -> (the site row it starts from, model.attention.bias)
+    "alibi": ("nope", "alibi"),
+    "fire": ("nope", "fire"),
+    "qk_fire": ("qk", "fire"),
+}
+ROWS = (*SITE_ROWS, *BIAS_ROWS)
+
+
+def row_overrides(row: str, size: str = "tiny") -> dict:
+    """Dotted overrides of `row` (module docstring) at size preset `size`."""
+    if row in SITE_ROWS:
+        return lm.row_overrides(row, size)
+    if row not in BIAS_ROWS:
+        raise ValueError(f"row={row!r} is not one of {', '.join(ROWS)}")
+    base, bias = BIAS_ROWS[row]
+    return {**lm.row_overrides(base, size), "model.attention.bias": bias}
+
+
+def _parse(arg: str | None):
+    return common.parse_arg(arg, size="tiny", row="qk", data="shakespeare", steps=0)
+
+
+def get_config(arg: str | None = None):
+    a = _parse(arg)
+    config = lm.get_config(f"size={a.size},data={a.data},steps={a.steps}")
+    config.update_from_flattened_dict(row_overrides(a.row, a.size))
+    return config
+
+
+def sweep(add, arg: str | None = None):
+    """One run per row of ROWS; the sweep tool adds seeds."""
+    size = _parse(arg).size
+    for row in ROWS:
+        add(name=row, **row_overrides(row, size))
