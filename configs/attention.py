@@ -74,19 +74,10 @@ def rows() -> list[str]:
     return [*SITE_ROWS, *(f"{r}_sinks" for r in SITE_ROWS), *OPEN_ROWS, *CHANGED_ROWS]
 
 
-def _parse(arg: str | None):
-    return common.parse_arg(arg, size="tiny", row="qk", data="shakespeare", steps=0)
-
-
 def get_config(arg: str | None = None):
-    a = _parse(arg)
-    config = lm.get_config(f"size={a.size},data={a.data},steps={a.steps}")
-    config.update_from_flattened_dict(row_overrides(a.row, a.size))
-    return config
+    return lm.config_of_rows(arg, row_overrides)
 
 
 def sweep(add, arg: str | None = None):
     """One run per row of `rows()`; the sweep tool adds seeds."""
-    size = _parse(arg).size
-    for row in rows():
-        add(name=row, **row_overrides(row, size))
+    lm.add_rows(add, arg, rows(), row_overrides)

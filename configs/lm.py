@@ -9,6 +9,8 @@ python_stdlib | any TFDS text dataset name), steps (0 = the preset's num_steps).
 
 from __future__ import annotations
 
+import ml_collections
+
 from configs import common
 
 # Rotation sites per ablation row (docs/maths.md#rotation-sites-vo-rope):
@@ -147,6 +149,20 @@ def sweep(add, arg: str | None = None):
 
     `arg` is the config arg (`size=small,...`): its size sizes the matched rows.
     """
+    add_rows(add, arg, [*ROWS, *EXTRA_ROWS], row_overrides)
+
+
+def config_of_rows(arg: str | None, overrides_of) -> ml_collections.ConfigDict:
+    """The config of a rows file built on this one (configs/attention.py, positions.py):
+    lm's at the arg's size, data and steps, then `overrides_of(row, size)`."""
+    a = _parse(arg)
+    config = get_config(f"size={a.size},data={a.data},steps={a.steps}")
+    config.update_from_flattened_dict(overrides_of(a.row, a.size))
+    return config
+
+
+def add_rows(add, arg: str | None, rows, overrides_of) -> None:
+    """A rows file's sweep: one `add` per row, at the arg's size."""
     size = _parse(arg).size
-    for row in [*ROWS, *EXTRA_ROWS]:
-        add(name=row, **row_overrides(row, size))
+    for row in rows:
+        add(name=row, **overrides_of(row, size))

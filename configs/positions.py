@@ -18,7 +18,7 @@ Arg keys: size, row, data, steps (as configs/lm.py).
 
 from __future__ import annotations
 
-from configs import common, lm
+from configs import lm
 
 SITE_ROWS = ("qk", "qkvo", "vo", "nope")
 BIAS_ROWS = {  # row -> (the site row it starts from, model.attention.bias)
@@ -39,19 +39,10 @@ def row_overrides(row: str, size: str = "tiny") -> dict:
     return {**lm.row_overrides(base, size), "model.attention.bias": bias}
 
 
-def _parse(arg: str | None):
-    return common.parse_arg(arg, size="tiny", row="qk", data="shakespeare", steps=0)
-
-
 def get_config(arg: str | None = None):
-    a = _parse(arg)
-    config = lm.get_config(f"size={a.size},data={a.data},steps={a.steps}")
-    config.update_from_flattened_dict(row_overrides(a.row, a.size))
-    return config
+    return lm.config_of_rows(arg, row_overrides)
 
 
 def sweep(add, arg: str | None = None):
     """One run per row of ROWS; the sweep tool adds seeds."""
-    size = _parse(arg).size
-    for row in ROWS:
-        add(name=row, **row_overrides(row, size))
+    lm.add_rows(add, arg, ROWS, row_overrides)

@@ -465,6 +465,16 @@ def test_a_saved_scaled_config_loads_and_builds_the_same_model(tmp_path):
     assert np.isfinite(np.asarray(b(tok))).all()
 
 
+def _four_steps(config, data_dir) -> None:
+    """A run of four steps at T = 32 on `data_dir`, checkpointed at its end."""
+    config.data.data_dir = data_dir
+    config.data.seq_len, config.data.global_batch_size = 32, 8
+    config.optim.warmup_steps = 2
+    config.train.num_steps, config.train.log_every_steps = 4, 2
+    config.train.eval_every_steps, config.train.ckpt_every_steps = 0, 4
+    config.eval.num_batches, config.eval.batch_size = 1, 8
+
+
 @pytest.mark.slow
 def test_a_model_trained_with_linear_scaling_evaluates_under_its_own_and_another_rule(
     data_dir, tmp_path
@@ -487,12 +497,7 @@ def test_a_model_trained_with_linear_scaling_evaluates_under_its_own_and_another
         64,
     )
     m.rope.scaling.rope_type, m.rope.scaling.factor = "linear", 2.0
-    config.data.data_dir = data_dir
-    config.data.seq_len, config.data.global_batch_size = 32, 8
-    config.optim.warmup_steps = 2
-    config.train.num_steps, config.train.log_every_steps = 4, 2
-    config.train.eval_every_steps, config.train.ckpt_every_steps = 0, 4
-    config.eval.num_batches, config.eval.batch_size = 1, 8
+    _four_steps(config, data_dir)
     workdir = str(tmp_path / "linear")
     train.train_and_evaluate(config, workdir)
     saved = json.load(open(os.path.join(workdir, "config.json")))
@@ -620,12 +625,7 @@ def test_a_trained_proportional_run_scores_the_same_under_yarn_at_factor_one(dat
     import train
 
     config = _proportional_tiny()
-    config.data.data_dir = data_dir
-    config.data.seq_len, config.data.global_batch_size = 32, 8
-    config.optim.warmup_steps = 2
-    config.train.num_steps, config.train.log_every_steps = 4, 2
-    config.train.eval_every_steps, config.train.ckpt_every_steps = 0, 4
-    config.eval.num_batches, config.eval.batch_size = 1, 8
+    _four_steps(config, data_dir)
     workdir = str(tmp_path / "prope")
     train.train_and_evaluate(config, workdir)
     own = eval_lib.evaluate_checkpoint(workdir, seq_lens=[32], num_batches=1)
