@@ -90,8 +90,8 @@ def migrate(raw) -> dict:
         "partial_rotary_factor" in rule or rule.get("rope_type") == "proportional"
     ):
         spec, rule = pairs.from_hf(rule)
-        rope["scaling"] = {key: rule.get(key) for key in rope["scaling"] if key in _RULE_KEYS}
-        rope["scaling"].update(rule)
+        kept = {key: None for key in rope["scaling"] if key in _RULE_KEYS}  # today's keys
+        rope["scaling"] = {**kept, **rule}
         if spec.rule != "all":
             rope.setdefault("pairs", spec.config())
     return raw

@@ -192,11 +192,6 @@ class PairSpec:
         """D: the head numbers the layout forms pairs in (the rest pass unrotated)."""
         return self.select(head_dim)[0]
 
-    def turning(self, head_dim: int) -> np.ndarray:
-        """bool [D/2]: the pairs of the block that turn."""
-        dim, _, turning = self.select(head_dim)
-        return np.ones(dim // 2, bool) if turning is None else turning
-
     def config(self) -> dict:
         """The `model.rope.pairs` section of this spec (unset settings None)."""
         return {"rule": self.rule, "fraction": self.fraction, "index": self.index or ()}

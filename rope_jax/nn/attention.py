@@ -474,10 +474,10 @@ class Attention(nnx.Module):
         reads the first position axis (text positions)."""
         if self.bias is None:
             return None
-        scheme, first = biases.SCHEMES[self.bias], lambda p: p if p.ndim == 2 else p[..., 0]
+        scheme = biases.SCHEMES[self.bias]
         params = {name: getattr(self, f"bias_{name}")[...] for name in self._bias_names}
-        inputs = (scheme.constants(self.num_heads), first(q_positions).astype(jnp.float32),
-                  first(k_positions).astype(jnp.float32))  # fmt: skip
+        inputs = (scheme.constants(self.num_heads), _text_positions(q_positions),
+                  _text_positions(k_positions))  # fmt: skip
         return kernels.Bias(scheme.fn, params, inputs)
 
     def _out(self, o):
@@ -537,9 +537,7 @@ class Attention(nnx.Module):
         else:
             new = {"k": rot(k) if "k" in self.sites else k, "v": rot(v) if "v" in self.sites else v}
         if self.bias is not None:
-            new["pos"] = (positions if positions.ndim == 2 else positions[..., 0]).astype(
-                jnp.float32
-            )
+            new["pos"] = _text_positions(positions)
         terms = kernels.Terms(causal=True, sinks=self._sinks())
         ring = self.window is not None or self.chunk is not None
         if not ring:  # new token t sees the filled slots and itself
@@ -581,6 +579,12 @@ class Attention(nnx.Module):
         if self.chunk is not None:
             return sliding.chunk_segments(batch, slots, new, index, self.chunk)
         return sliding.ring_segments(batch, slots, new, index)
+
+
+def _text_positions(positions) -> jax.Array:
+    """float32 [B, T]: the first axis of positions [B, T, A] (or [B, T] as they are), what a
+    position bias reads."""
+    return (positions if positions.ndim == 2 else positions[..., 0]).astype(jnp.float32)
 
 
 def _learned_params(kind: str, head_dim: int, num_kv_heads: int, rope: RopeSpec, num_axes: int):

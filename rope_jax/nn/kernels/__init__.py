@@ -68,7 +68,6 @@ class Kernel:
     supports: frozenset[str]
     instead: Mapping[str, str] = dataclasses.field(default_factory=dict)
     backend: str | None = None
-    blocks: bool = False  # it reads `block_size`
 
 
 _ALL = frozenset(TERM_NAMES)
@@ -77,8 +76,8 @@ KERNELS: dict[str, Kernel] = {
         q, k, v, terms, scale=scale), _ALL),
     "dot_product": Kernel(lambda q, k, v, terms, *, scale, block_size: _mix_dot_product(
         q, k, v, terms, scale=scale), _ALL - {"sinks"}, instead={"sinks": "xla"}),
-    "chunked": Kernel(_mix_chunked, _ALL, blocks=True),
-    "splash": Kernel(_mix_splash, _ALL - {"bias"}, backend="tpu", blocks=True),
+    "chunked": Kernel(_mix_chunked, _ALL),
+    "splash": Kernel(_mix_splash, _ALL - {"bias"}, backend="tpu"),
 }  # fmt: skip
 IMPLS = tuple(KERNELS)
 
