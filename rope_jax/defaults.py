@@ -169,7 +169,7 @@ def model(shape: dict = SHAPE) -> ml_collections.ConfigDict:
     model.rope.pairs = ml_collections.ConfigDict()
     model.rope.pairs.rule = "all"  # all = every pair turns
     model.rope.pairs.fraction = _placeholder(float)  # first, proportional: share in [0, 1]
-    model.rope.pairs.index = ()  # index: the pair indices that turn
+    model.rope.pairs.index = ()  # index: the pair indices that turn; heads: [layer][kv head] lists
     # Context scaling (docs/maths.md#context-scaling), Hugging Face `rope_parameters` keys;
     # a key left None is absent, e.g. --config.model.rope.scaling.rope_type=yarn
     # --config.model.rope.scaling.factor=4. The rule applies to every rotating (global) layer.

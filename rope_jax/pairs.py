@@ -25,6 +25,11 @@ block's D/2 pairs turn (the others get frequency 0: the identity).
                   an explicit mask, e.g. MHA2MLA's high / low / uniform / 2-norm choices.
   half_truncated  D = H, D_l = H / 2: the first P/2 pairs turn on a ladder spread over
                   them, the other half are frozen (modded-nanogpt's half-truncated RoPE).
+  heads           D = D_l = H, per layer and kv head its own pairs turn: `index[l][k]`
+                  lists the pairs of kv head k of layer l (its query heads follow it), e.g.
+                  MHA2MLA's 2-norm choice, which ranks every head's pairs by their share of
+                  the logits. The model gives each layer its slice (`PairSpec.layer`);
+                  `rotate` reads that layer's [K, P] mask (`PairSpec.heads`).
 
 Every entry says what code elsewhere asks of it (`Selection.whole_head`, `.hf`); no other
 module compares a selection's name. Pure host NumPy, no JAX.
@@ -51,6 +56,7 @@ class Selection:
     means: str
     takes: tuple[str, ...] = ()  # which of `PairSpec`'s settings it reads (fraction, index)
     whole_head: bool = True  # the layout pairs the whole head (frozen pairs have frequency 0)
+    per_head: bool = False  # `index` is per layer and kv head ([L][K] lists of pairs)
     # Hugging Face `rope_parameters` keys that spell it, given the spec; None: no HF spelling
     hf: Callable[[PairSpec], dict] | None = None
 
@@ -97,6 +103,18 @@ def _half_truncated(head_dim, fraction, index):
     return head_dim, head_dim // 2, np.arange(head_dim // 2) < head_dim // 4
 
 
+def _heads(head_dim, fraction, index):
+    """The whole-head ladder; the per-head masks are `PairSpec.heads`."""
+    pairs = head_dim // 2
+    bad = [i for layer in index for head in layer for i in head if not 0 <= i < pairs]
+    if bad:
+        raise ValueError(
+            f"pairs.index (rule 'heads') holds {bad[0]}, not a pair of an H={head_dim} head "
+            f"(0 <= i < {pairs})"
+        )
+    return head_dim, head_dim, None
+
+
 def _hf_first(spec: PairSpec) -> dict:
     return {"partial_rotary_factor": spec.fraction}
 
@@ -119,6 +137,10 @@ SELECTIONS: dict[str, Selection] = {
     "half_truncated": Selection(
         _half_truncated, "the first half of the pairs turn on a ladder over them, half frozen"
     ),
+    "heads": Selection(
+        _heads, "per layer and kv head, the listed pairs turn (index[l][k])",
+        takes=("index",), per_head=True,
+    ),
 }  # fmt: skip
 
 
@@ -130,19 +152,19 @@ class PairSpec:
 
     rule: str = "all"
     fraction: float | None = None  # first, proportional: a number in [0, 1]
-    index: tuple[int, ...] | None = None  # index: distinct pair indices
+    index: tuple | None = None  # index: distinct pair indices; heads: [L][K] tuples of them
 
     def __post_init__(self):
         if self.rule not in SELECTIONS:
             raise ValueError(
                 f"pairs.rule={self.rule!r} is not one of {', '.join(map(repr, SELECTIONS))}"
             )
-        takes = SELECTIONS[self.rule].takes
+        selection = SELECTIONS[self.rule]
         index = None if self.index is None else tuple(self.index) or None
         for name, value in (("fraction", self.fraction), ("index", index)):
-            if name in takes and value is None:
+            if name in selection.takes and value is None:
                 raise ValueError(f"pairs.rule={self.rule!r} needs pairs.{name}")
-            if name not in takes and value is not None:
+            if name not in selection.takes and value is not None:
                 raise ValueError(
                     f"pairs.{name}={value!r} is not read by pairs.rule={self.rule!r} (it would "
                     "be ignored); unset it"
@@ -153,11 +175,7 @@ class PairSpec:
                 raise ValueError(f"pairs.fraction={f!r} must be a number in [0, 1]")
             object.__setattr__(self, "fraction", float(f))
         if index is not None:
-            if any(isinstance(i, bool) or not isinstance(i, Integral) for i in index):
-                raise ValueError(f"pairs.index={index!r} must be pair indices (integers)")
-            if len(set(index)) != len(index):
-                raise ValueError(f"pairs.index={index!r} names a pair twice")
-            index = tuple(sorted(int(i) for i in index))
+            index = _per_head(index) if selection.per_head else _indices(index, index)
         object.__setattr__(self, "index", index)
 
     @property
@@ -188,6 +206,34 @@ class PairSpec:
         """(block D, ladder width D_l, turning pairs bool [D/2] or None = all) for a head."""
         return self.selection.select(int(head_dim), self.fraction, self.index)
 
+    def layer(self, layer: int, num_layers: int) -> PairSpec:
+        """What layer `layer` of `num_layers` rotates by: a per-head selection's own slice
+        (one layer), any other selection itself. ValueError if the layers do not match."""
+        if not self.selection.per_head:
+            return self
+        if len(self.index) != num_layers:
+            raise ValueError(
+                f"pairs.index (rule {self.rule!r}) lists {len(self.index)} layers; the model "
+                f"has num_layers={num_layers}"
+            )
+        return PairSpec(self.rule, index=(self.index[layer],))
+
+    def heads(self, head_dim: int) -> np.ndarray | None:
+        """bool [K, P]: which pairs of each kv head turn, for one layer's slice of a
+        per-head selection (`layer`); None for a selection that is the same in every head."""
+        if not self.selection.per_head:
+            return None
+        if len(self.index) != 1:
+            raise ValueError(
+                f"pairs.rule={self.rule!r} lists {len(self.index)} layers: a rotation takes one "
+                "layer's slice (PairSpec.layer, as the model does)"
+            )
+        self.select(head_dim)  # the indices fit the head
+        mask = np.zeros((len(self.index[0]), int(head_dim) // 2), bool)
+        for k, turning in enumerate(self.index[0]):
+            mask[k, list(turning)] = True
+        return mask
+
     def block(self, head_dim: int) -> int:
         """D: the head numbers the layout forms pairs in (the rest pass unrotated)."""
         return self.select(head_dim)[0]
@@ -195,6 +241,31 @@ class PairSpec:
     def config(self) -> dict:
         """The `model.rope.pairs` section of this spec (unset settings None)."""
         return {"rule": self.rule, "fraction": self.fraction, "index": self.index or ()}
+
+
+def _indices(index, shown) -> tuple[int, ...]:
+    """Distinct pair indices, sorted; ValueError naming `shown` (the whole setting)."""
+    if isinstance(index, (str, bytes)) or not hasattr(index, "__iter__"):
+        raise ValueError(f"pairs.index={shown!r} must be pair indices (integers)")
+    index = tuple(index)
+    if any(isinstance(i, bool) or not isinstance(i, Integral) for i in index):
+        raise ValueError(f"pairs.index={shown!r} must be pair indices (integers)")
+    if len(set(index)) != len(index):
+        raise ValueError(f"pairs.index={shown!r} names a pair twice")
+    return tuple(sorted(int(i) for i in index))
+
+
+def _per_head(index) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """[L][K] lists of pair indices as nested tuples, every layer with the same K heads."""
+    shape = "a list per layer of a list per kv head of pair indices"
+    try:
+        layers = tuple(tuple(_indices(head, head) for head in layer) for layer in index)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"pairs.index (rule 'heads') must be {shape}: {e}") from None
+    if len({len(layer) for layer in layers}) != 1 or not layers[0]:
+        raise ValueError(f"pairs.index (rule 'heads') must be {shape}, the same kv heads in "
+                         f"every layer; got {[len(layer) for layer in layers]} heads")  # fmt: skip
+    return layers
 
 
 # ------------------------------------------------------ Hugging Face's vocabulary

@@ -22,7 +22,8 @@ Vocabulary (the same names as the config fields `config.model.rope.*`):
               low-frequency temporal allocation: the last sections[0] pairs (the slowest)
               follow axis 0 (t), the others take turns over axes 1..A-1.
   pairs       which pairs turn (`rope_jax.pairs.PairSpec`): all | first (HF's
-              partial_rotary_factor) | proportional (p-RoPE) | index | half_truncated.
+              partial_rotary_factor) | proportional (p-RoPE) | index | half_truncated |
+              heads (its own pairs per layer and kv head; `rotate` takes one layer's).
   scaling     a context-scaling rule with Hugging Face's `rope_parameters` keys
               (`rope_jax.scaling`): rope_type linear | dynamic | yarn | longrope | llama3,
               factor, ...; None = plain RoPE.
@@ -536,11 +537,29 @@ def rotate(
                 f"positions {tuple(positions.shape)} do not match x {tuple(x.shape)} on [..., T]"
             ) from None
     phase = angles(positions, spec, head_dim=head_dim, seq_len=seq_len)  # [..., T, P']
+    heads = spec.pairs.heads(head_dim)  # [K, P]: a per-head selection's turning pairs
+    if heads is not None:
+        return _turn_heads(x, phase, heads, layout=spec.layout, inverse=inverse)
     rotated = 2 * phase.shape[-1]  # D = 2P': a partial rotation leaves x[..., D:] as it is
     if rotated == head_dim:
         return turn(x, phase, layout=spec.layout, inverse=inverse)
     turned = turn(x[..., :rotated], phase, layout=spec.layout, inverse=inverse)
     return jnp.concatenate([turned, x[..., rotated:]], -1)
+
+
+def _turn_heads(x, phase, heads: np.ndarray, *, layout: str, inverse: bool) -> jax.Array:
+    """`turn` with kv head k's frozen pairs at angle 0 (bool heads [K, P]); query head n
+    follows kv head n // G, as its keys do."""
+    num_heads, kv_heads = x.shape[-2], heads.shape[0]
+    if num_heads % kv_heads:
+        raise ValueError(
+            f"x has {num_heads} heads, not a multiple of the {kv_heads} kv heads that "
+            "pairs.index (rule 'heads') lists per layer"
+        )
+    grouped = x.reshape(*x.shape[:-2], kv_heads, num_heads // kv_heads, x.shape[-1])
+    phase = phase[..., None, :] * heads.astype(np.float32)  # [..., T, K, P]
+    # `turn` reads [..., T', N', H] with phases [..., T', P]: here T' = K, N' = G.
+    return turn(grouped, phase, layout=layout, inverse=inverse).reshape(x.shape)
 
 
 def turn(x, phase, *, layout: str = "half", inverse: bool = False) -> jax.Array:
@@ -598,6 +617,17 @@ def _cos_sin_table(phase):
     eye = jnp.eye(phase.shape[-1], dtype=jnp.float32)
     table = jnp.einsum("...kp,pq->...kq", table, eye, precision=jax.lax.Precision.HIGHEST)
     return table[..., 0, :], table[..., 1, :]
+
+
+def pair_norms(x, layout: str = "half") -> jax.Array:
+    """|(u_i, v_i)|: the length of each rotation pair of x [..., H] -> float32 [..., H/2],
+    the pairs formed as `layout` says (a rotation turns a pair and keeps its length, so
+    this is the same before and after R_p)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r} is not one of {', '.join(map(repr, LAYOUTS))}")
+    u, v = _pair_indices(int(x.shape[-1]), layout)
+    xf = jnp.asarray(x, jnp.float32)
+    return jnp.sqrt(xf[..., u] ** 2 + xf[..., v] ** 2)
 
 
 # ------------------------------------------- matrix form (tests, analysis, small H)

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rope_jax import pairs, rotary, scaling
+from rope_jax import defaults, pairs, rotary, scaling
 
 
 def ladder(base, dim, count=None):
@@ -152,3 +152,75 @@ def test_a_length_reading_rule_needs_the_length_in_rotate():
     long = rotary.rotate(x, jnp.full((1, 1), 30.0), spec, seq_len=32)
     short = rotary.rotate(x, jnp.full((1, 1), 30.0), spec, seq_len=8)
     assert not np.allclose(np.asarray(long), np.asarray(short))
+
+
+# ------------------------------------------------------------- per-head selections
+
+HEADS = ((0, 1, 5), (2, 3), (7,))  # one layer: the pairs of each of 3 kv heads (H = 16)
+
+
+def test_heads_turns_each_kv_heads_own_pairs_and_its_query_heads_follow():
+    """Query heads 2k, 2k + 1 (G = 2) turn kv head k's pairs, as `index` would turn them;
+    the inverse undoes it."""
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 5, 6, 16)), jnp.float32)
+    pos = jnp.broadcast_to(jnp.arange(5.0)[None] * 7, (2, 5))
+    spec = rotary.RopeSpec(pairs={"rule": "heads", "index": (HEADS,)})
+    y = rotary.rotate(x, pos, spec)
+    for k, turning in enumerate(HEADS):
+        one = rotary.RopeSpec(pairs={"rule": "index", "index": turning})
+        want = rotary.rotate(x[:, :, 2 * k : 2 * k + 2], pos, one)
+        np.testing.assert_array_equal(np.asarray(y[:, :, 2 * k : 2 * k + 2]), np.asarray(want))
+    back = rotary.rotate(y, pos, spec, inverse=True)
+    np.testing.assert_allclose(np.asarray(back), np.asarray(x), atol=1e-6)
+    assert pairs.to_hf(spec.pairs, {"rope_type": "default"}) is None  # no HF spelling
+
+
+def test_a_model_gives_each_layer_its_heads_and_equal_heads_are_the_index_rule():
+    from flax import nnx
+
+    from rope_jax.nn import model as model_lib
+    from tests.model_test import tiny_cfg, tokens
+
+    same = ((1, 3), (0, 2))  # 2 kv heads of an H = 8 head, both layers
+    index = model_lib.Decoder(tiny_cfg(**{"rope.pairs": {"rule": "index", "index": (0, 2)}}),
+                              rngs=nnx.Rngs(0))  # fmt: skip
+    wide = ((0, 2), (0, 2))  # every head the index rule's pairs
+    for layers, equal in [((wide, wide), True), ((same, same), False)]:
+        cfg = tiny_cfg(**{"rope.pairs": {"rule": "heads", "index": layers}})
+        model = model_lib.Decoder(cfg, rngs=nnx.Rngs(0))
+        rotations = model_lib.layer_rotations(defaults.fill_model(cfg))
+        assert [r.pairs.index for r in rotations] == [(layer,) for layer in layers]
+        close = np.allclose(np.asarray(model(tokens())), np.asarray(index(tokens())), atol=1e-6)
+        assert close == equal
+
+
+@pytest.mark.parametrize(
+    "layers, message",
+    [
+        ((((0,), (1,)),), "lists 1 layers; the model has num_layers=2"),
+        ((((0,),), ((1,),)), "lists 1 kv heads in layer 0; the model has num_kv_heads=2"),
+        ((((0,), (4,)),) * 2, r"holds 4, not a pair of an H=8 head"),
+    ],
+)
+def test_per_head_selections_that_do_not_fit_the_model_are_one_line(layers, message):
+    from rope_jax.nn import model as model_lib
+    from tests.model_test import tiny_cfg
+
+    cfg = tiny_cfg(**{"rope.pairs": {"rule": "heads", "index": layers}})
+    with pytest.raises(ValueError, match=message) as err:
+        model_lib.layer_rotations(defaults.fill_model(cfg))
+    assert "\n" not in str(err.value) and str(err.value).startswith("model.rope.")
+
+
+def test_a_per_head_selection_decodes_as_it_runs_whole():
+    from flax import nnx
+
+    from rope_jax.nn import model as model_lib
+    from tests.generate_test import CHUNKS, assert_cached_equals_full, cfg, full_and_cached
+    from tests.generate_test import text_pos, tokens
+
+    layers = (((0, 3), (1,)), ((2,), (0, 1, 2, 3)))
+    model = model_lib.Decoder(cfg(**{"rope.pairs": {"rule": "heads", "index": layers}}),
+                              rngs=nnx.Rngs(0))  # fmt: skip
+    tok = tokens(1, 13)
+    assert_cached_equals_full(*full_and_cached(model, tok, text_pos(13), CHUNKS))

@@ -32,6 +32,23 @@ def plus_minus(stat, sign: bool = False) -> str:
     return f"{mean:{'+' if sign else ''}.3f}" + ("" if std is None else f" ± {std:.3f}")
 
 
+def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval (95% at z = 1.96) of a rate of `successes` in `n`
+    trials: never outside [0, 1], and not of width 0 at 0 or n successes."""
+    if n < 1:
+        raise ValueError(f"an interval needs at least one trial, got n={n}")
+    rate = successes / n
+    centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * (rate * (1 - rate) / n + z * z / (4 * n * n)) ** 0.5
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def rate_line(successes: float, n: int) -> str:
+    """A rate with its example count and 95% interval: "0.85 [0.64, 0.95] (n=20)"."""
+    low, high = wilson(successes, n)
+    return f"{successes / n:.2f} [{low:.2f}, {high:.2f}] (n={n})"
+
+
 def evaluated(path: str, lengths) -> bool:
     """Whether the eval file at `path` exists and holds every length of `lengths`."""
     try:

@@ -33,6 +33,7 @@ from absl import logging
 from flax import nnx
 
 from rope_jax import data, defaults, provenance, rotary
+from rope_jax import pairs as pairs_lib
 from rope_jax import scaling as scaling_lib
 from rope_jax.data import sources
 from rope_jax.harness import (
@@ -216,6 +217,27 @@ def _check_length_read(config, own_length: int, new: int) -> None:
         f"{spec.rope_type!r}, which reads no length here (the run's is {own_length}): give "
         "--rope_scaling with a rule that reads it (dynamic, yarn, longrope)"
     )
+
+
+def with_pairs(config, pairs=None):
+    """A copy of `config` turning other pairs (`model.rope.pairs` replaced, the context
+    rule and the ladder kept): frequency surgery without training, e.g. a QK-trained
+    model evaluated with only its fastest pairs turning (MHA2MLA's partial RoPE) or with
+    its own per-head choice (rule "heads"). `pairs`: a `pairs.PairSpec` or a mapping of
+    its fields; None returns `config` as it is. Errors name `model.rope.pairs`."""
+    if pairs is None:
+        return config
+    try:
+        spec = pairs_lib.PairSpec.of(pairs)
+    except ValueError as e:
+        raise ValueError(f"model.rope.{e}") from None
+    config = defaults.fill(config)  # a full, mutable copy
+    with config.model.rope.ignore_type():
+        config.model.rope.pairs = defaults.fill_model({"rope": {"pairs": spec.config()}}).rope.pairs
+    config = checks.resolve(config)
+    model_lib.layer_rotations(config.model, data.kind(config.data).num_axes,
+                              train_seq_len=config.data.seq_len)  # fits the heads and layers
+    return config
 
 
 def with_data(config, name: str | None = None, data_dir: str | None = None):

@@ -36,6 +36,7 @@ from rope_jax.harness.evaluate import (
     restore,
     with_answer_tokens,
     with_data,
+    with_pairs,
     with_rope_scaling,
 )
 
@@ -63,14 +64,16 @@ def run(workdir: str, out: str, *, tasks=None, lengths=(), examples: int | None 
         step: int | None = None, split: str | None = None, num_batches: int | None = None,
         fallback: bool = False, overwrite: bool = False, rope_scaling: dict | None = None,
         max_position_embeddings: int | None = None, data_name: str | None = None,
-        data_dir: str | None = None, answer_tokens: int | None = None,
+        data_dir: str | None = None, answer_tokens: int | None = None, pairs=None,
         progress=None) -> dict:  # fmt: skip
     """Scores every (task, length) cell not yet in `out` (see the module doc); returns the
     results file's content. Defaults: `eval.tasks`, the training length and
     `eval.seq_lens`, `eval.examples`, `data.eval_split`, `eval.num_batches`,
-    `eval.answer_tokens`."""
+    `eval.answer_tokens`. `pairs` (a `pairs.PairSpec` or its fields) evaluates the run
+    with other pairs turning (`evaluate.with_pairs`)."""
     config = with_rope_scaling(runfiles.load_config(workdir), rope_scaling,
                                             max_position_embeddings)  # fmt: skip
+    config = with_pairs(config, pairs)
     config = with_answer_tokens(with_data(config, data_name, data_dir), answer_tokens)
     tasks = evals.parse(config.eval.tasks if tasks is None else tasks)
     lengths = parse_seq_lens(lengths) or [checks.trained_length(config), *config.eval.seq_lens]
@@ -80,6 +83,7 @@ def run(workdir: str, out: str, *, tasks=None, lengths=(), examples: int | None 
                 "num_batches": config.eval.num_batches if num_batches is None else num_batches,
                 "template": config.data.task_template, "answer_tokens": config.eval.answer_tokens,
                 "rope_scaling": rope_scaling, "max_position_embeddings": max_position_embeddings,
+                "rope_pairs": None if pairs is None else config.model.rope.pairs.to_dict(),
                 "data": {"name": config.data.name, "data_dir": config.data.data_dir}}  # fmt: skip
     workdir_lib.check_writable(out, "--out")
     distributed.process_0_first(data.ensure_built, config.data)

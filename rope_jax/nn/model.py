@@ -210,10 +210,26 @@ def layer_rotations(
     every = lambda k, layer: k > 0 and (layer + 1) % k == 0
     return tuple(
         None if every(nope_every, layer)
-        else local if local is not None and not every(global_every, layer)
-        else spec
+        else _of_layer(local if local is not None and not every(global_every, layer)
+                       else spec, layer, cfg)
         for layer in range(cfg.num_layers)
     )  # fmt: skip
+
+
+def _of_layer(spec: rotary.RopeSpec, layer: int, cfg) -> rotary.RopeSpec:
+    """The spec of one layer: a per-head pair selection's slice of that layer, checked
+    against the model's kv heads; any other spec as it is."""
+    try:
+        pairs = spec.pairs.layer(layer, cfg.num_layers)
+        heads = pairs.heads(cfg.head_dim)
+    except ValueError as e:
+        raise ValueError(f"model.rope.{e}") from None
+    if heads is None:
+        return spec
+    if heads.shape[0] != cfg.num_kv_heads:
+        raise ValueError(f"model.rope.pairs.index lists {heads.shape[0]} kv heads in layer "
+                         f"{layer}; the model has num_kv_heads={cfg.num_kv_heads}")  # fmt: skip
+    return dataclasses.replace(spec, pairs=pairs)
 
 
 def _local(spec: rotary.RopeSpec, base: float, head_dim: int, num_axes: int) -> rotary.RopeSpec:

@@ -7,6 +7,11 @@ It is the number that grows when attention collapses onto single keys (logit gro
 a training curve of it separates an unstable row from a slowly learning one. Sinks are
 not keys and are left out. Dense: [B, N, T, T] logits per layer, for diagnostics at
 training lengths, not for long contexts.
+
+`pair_norms(model, tokens)`: per layer, the mean length of each rotation pair of every
+query and key head before the rotation (which keeps lengths): what MHA2MLA's 2-norm
+criterion ranks pairs by (`pair_scores`), and Barbero et al.'s (2024) reading of which
+frequencies a model uses.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rope_jax import layouts
+from rope_jax import layouts, rotary
 from rope_jax.nn import attention
 
 
@@ -29,6 +34,34 @@ def max_attention_logits(model, tokens) -> jax.Array:
         out.append(_layer_max(block.attn, block.attn_norm(x), positions))
         x = block(x, positions)
     return jnp.stack(out)
+
+
+def pair_norms(model, tokens) -> tuple[jax.Array, jax.Array]:
+    """(float32 [L, N, P], [L, K, P]): the mean over `tokens` int [B, T] (text positions)
+    of |q_i| and |k_i|, the length of pair i of each query and key head of each layer,
+    pairs formed by the layer's layout."""
+    b, t = tokens.shape
+    positions = layouts.text_positions(jnp.zeros((b,)), t, model.num_axes, xp=jnp)
+    x = model._embed(tokens, positions, None, None)
+    qs, ks = [], []
+    for block in model.blocks:
+        q, k, _ = block.attn._project(block.attn_norm(x).astype(block.attn.dtype), positions)
+        layout = attention.rotation_of(block.attn.rotation(), t)[0].layout
+        qs.append(rotary.pair_norms(q, layout).mean((0, 1)))
+        ks.append(rotary.pair_norms(k, layout).mean((0, 1)))
+        x = block(x, positions)
+    return jnp.stack(qs), jnp.stack(ks)
+
+
+def pair_scores(q_norms, k_norms) -> jax.Array:
+    """float32 [L, K, P]: pair i's share of kv head k's logits, as MHA2MLA's 2-norm
+    criterion scores it: sum over the kv head's G query heads of mean|q_i| * mean|k_i|
+    (|q_i . k_i| <= |q_i| |k_i|: the most a pair can add to a logit, on average)."""
+    q_norms, k_norms = jnp.asarray(q_norms), jnp.asarray(k_norms)
+    layers, heads, pairs = q_norms.shape
+    kv = k_norms.shape[1]
+    grouped = q_norms.reshape(layers, kv, heads // kv, pairs)
+    return (grouped * k_norms[:, :, None, :]).sum(2)
 
 
 def _layer_max(attn, h, positions) -> jax.Array:
