@@ -41,13 +41,15 @@ ROWS = {
 #   irope               every 4th layer NoPE (the last of 2 in `tiny`): full attention with
 #                       the query temperature; the others rotate interleaved pairs, L2-norm
 #                       q and k and attend in chunks of T/4 tokens (floor_scale = the chunk,
-#                       as Llama 4's 8192 and 8192).
+#                       as Llama 4's 8192 and 8192). T is the size preset's data.seq_len
+#                       (32-token chunks at `tiny`); a run that sets data.seq_len keeps them.
 # and DeepSeek-V4's attention (rope_jax/nn/v4.py) at the preset's size, V4-Flash's ratios:
 #   v4                  one shared kv head tied as key and value (qkvo), an interleaved
 #                       rotation of H/8 dims, sinks, queries from a D/4 latent with every
 #                       head at unit RMS, the latent's RMSNorm, the output in max(2, N/8)
-#                       groups of rank D/4; every layer V4's sliding branch over T/4 keys
-#                       (its compressed layers, which carry the long range, are out of scope).
+#                       groups of rank D/4; every layer V4's sliding branch over T/4 keys, T
+#                       the size preset's (32 at `tiny`, whatever data.seq_len a run sets;
+#                       its compressed layers, which carry the long range, are out of scope).
 EXTRA_ROWS = {
     "tied_qkvo": lambda p: {"model.attention.kv": "tied", "model.rope.sites": "qkvo"},
     "separate_qk_params": lambda p: {

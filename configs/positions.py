@@ -12,6 +12,8 @@ Every row is `configs/lm.py` at the same size and data, with:
   alibi               no rotation, ALiBi's bias (model.attention.bias, nn/biases.py)
   fire                no rotation, FIRE's learned bias
   qk_fire             QK-RoPE with FIRE's bias beside it
+  xpos                QK-RoPE with xPos's decay (model.rope.xpos_scale_base = 512, the
+                      reference's gamma; docs/maths.md#xpos)
 
 Arg keys: size, row, data, steps (as configs/lm.py).
 """
@@ -26,13 +28,19 @@ BIAS_ROWS = {  # row -> (the site row it starts from, model.attention.bias)
     "fire": ("nope", "fire"),
     "qk_fire": ("qk", "fire"),
 }
-ROWS = (*SITE_ROWS, *BIAS_ROWS)
+ROTATION_ROWS = {  # row -> (the site row it starts from, its rotation settings)
+    "xpos": ("qk", {"model.rope.xpos_scale_base": 512.0}),
+}
+ROWS = (*SITE_ROWS, *BIAS_ROWS, *ROTATION_ROWS)
 
 
 def row_overrides(row: str, size: str = "tiny") -> dict:
     """Dotted overrides of `row` (module docstring) at size preset `size`."""
     if row in SITE_ROWS:
         return lm.row_overrides(row, size)
+    if row in ROTATION_ROWS:
+        base, settings = ROTATION_ROWS[row]
+        return {**lm.row_overrides(base, size), **settings}
     if row not in BIAS_ROWS:
         raise ValueError(f"row={row!r} is not one of {', '.join(ROWS)}")
     base, bias = BIAS_ROWS[row]

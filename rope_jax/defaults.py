@@ -170,6 +170,9 @@ def model(shape: dict = SHAPE) -> ml_collections.ConfigDict:
     model.rope.pairs.rule = "all"  # all = every pair turns
     model.rope.pairs.fraction = _placeholder(float)  # first, proportional: share in [0, 1]
     model.rope.pairs.index = ()  # index: the pair indices that turn; heads: [layer][kv head] lists
+    # xPos (Sun et al. 2022): rotated q and k pair i scaled by zeta_i ** (+-(p - T/2) / gamma),
+    # a decay of q . k with distance; gamma here (the reference's 512), 0 = off
+    model.rope.xpos_scale_base = 0.0
     # Context scaling (docs/maths.md#context-scaling), Hugging Face `rope_parameters` keys;
     # a key left None is absent, e.g. --config.model.rope.scaling.rope_type=yarn
     # --config.model.rope.scaling.factor=4. The rule applies to every rotating (global) layer.

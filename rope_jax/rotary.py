@@ -619,6 +619,36 @@ def _cos_sin_table(phase):
     return table[..., 0, :], table[..., 1, :]
 
 
+def xpos_scale(positions, head_dim: int, scale_base: float, center) -> jax.Array:
+    """xPos's scale (Sun et al. 2022) of pair i at position p: zeta_i ** ((p - c) / gamma),
+    zeta_i = (2i + 0.4 H) / (1.4 H) in (0, 1), gamma = `scale_base`, c = `center`.
+
+    Queries are multiplied by it and keys divided, so pair i's share of q_m . k_n is
+    damped by zeta_i ** ((m - n) / gamma) (the slow pairs, zeta near 1, least): a relative
+    decay, whatever c is; c (T // 2 in the reference) keeps both factors near 1.
+
+    Args:
+      positions: [..., T] (1-D text positions), int or float.
+
+    Returns:
+      float32 [..., T, H/2].
+    """
+    pairs = int(head_dim) // 2
+    zeta = (2.0 * np.arange(pairs) + 0.4 * head_dim) / (1.4 * head_dim)
+    power = (jnp.asarray(positions, jnp.float32) - center) / float(scale_base)
+    return jnp.exp(power[..., None] * np.log(zeta).astype(np.float32))
+
+
+def scale_pairs(x, scale, layout: str = "half") -> jax.Array:
+    """x [..., T, N, H] with both numbers of pair i (as `layout` forms them) times scale_i
+    ([..., T, H/2], the same for the N heads); x's dtype."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r} is not one of {', '.join(map(repr, LAYOUTS))}")
+    s = jnp.asarray(scale, jnp.float32)[..., None, :]  # [..., T, 1, P]
+    both = jnp.concatenate([s, s], -1) if layout == "half" else jnp.repeat(s, 2, axis=-1)
+    return (x.astype(jnp.float32) * both).astype(x.dtype)
+
+
 def pair_norms(x, layout: str = "half") -> jax.Array:
     """|(u_i, v_i)|: the length of each rotation pair of x [..., H] -> float32 [..., H/2],
     the pairs formed as `layout` says (a rotation turns a pair and keeps its length, so

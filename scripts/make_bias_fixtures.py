@@ -1,7 +1,10 @@
-"""Writes tests/data/biases/alibi.npz: HF transformers' ALiBi (BLOOM's `build_alibi_tensor`)
-for tests/biases_test.py, which reads it in CI without torch.
+"""Writes the position schemes' references for the tests, which read them in CI without
+torch: tests/data/biases/alibi.npz, HF transformers' ALiBi (BLOOM's `build_alibi_tensor`,
+for tests/biases_test.py), and tests/data/biases/xpos.npz, rotary-embedding-torch's xPos
+(`RotaryEmbedding(use_xpos=True).rotate_queries_and_keys`, for tests/xpos_test.py).
 
-Run once in the bench venv (torch + transformers, requirements-bench.txt):
+Run once in the bench venv (torch + transformers, requirements-bench.txt, and
+`pip install rotary-embedding-torch==0.9.1`):
   python scripts/make_bias_fixtures.py
 
 Holds, for each head count N in HEADS, HF's slopes (the alibi tensor at key position 1,
@@ -45,8 +48,22 @@ def attention(seed: int = 0) -> dict:
             "positions": positions.numpy(), "out": out.numpy()}  # fmt: skip
 
 
+def xpos(seed: int = 1, length: int = 40, head_dim: int = 16, gamma: float = 32.0) -> dict:
+    """rotary-embedding-torch's xPos on random q, k [B, N, T, H] (its interleaved pairs,
+    base 10000) with a small gamma, so the decay is large over T positions."""
+    from rotary_embedding_torch import RotaryEmbedding
+
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(2, 3, length, head_dim, generator=gen) for _ in range(2))
+    rotary = RotaryEmbedding(dim=head_dim, use_xpos=True, xpos_scale_base=gamma)
+    rq, rk = rotary.rotate_queries_and_keys(q, k)
+    return {"q": q.numpy(), "k": k.numpy(), "rq": rq.numpy(), "rk": rk.numpy(),
+            "gamma": np.float32(gamma)}  # fmt: skip
+
+
 def main() -> None:
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
+    np.savez(os.path.join(os.path.dirname(OUT), "xpos.npz"), **xpos())
     arrays = {f"slopes_{n}": slopes(n) for n in HEADS}
     arrays.update({f"attention_{k}": v for k, v in attention().items()})
     np.savez(OUT, heads=np.asarray(HEADS), **arrays)

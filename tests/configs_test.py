@@ -202,7 +202,8 @@ def test_attention_rows_are_lms_rows_with_and_without_a_sink():
 
 def test_position_rows_are_lms_site_rows_and_a_bias():
     """Every row of configs/positions.py is a valid run: lm's site row of its name, or the
-    site row it starts from with a position bias; the sweep emits every row once."""
+    site row it starts from with a position bias or its rotation settings (xPos); the
+    sweep emits every row once."""
     from configs import positions
 
     added = []
@@ -211,8 +212,10 @@ def test_position_rows_are_lms_site_rows_and_a_bias():
     for row in positions.ROWS:
         config = positions.get_config(f"row={row}")
         harness.check_config(config)
-        base, bias = positions.BIAS_ROWS.get(row, (row, "none"))
+        base, bias = positions.BIAS_ROWS.get(row, (positions.ROTATION_ROWS.get(row, (row,))[0],
+                                                   "none"))  # fmt: skip
         assert config.model.rope.sites == lm.get_config(f"row={base}").model.rope.sites, row
         assert config.model.attention.bias == bias, row
-    with pytest.raises(ValueError, match="row='xpos' is not one of qk, qkvo, vo, nope, alibi"):
-        positions.get_config("row=xpos")
+    assert positions.get_config("row=xpos").model.rope.xpos_scale_base == 512.0
+    with pytest.raises(ValueError, match="row='cope' is not one of qk, qkvo, vo, nope, alibi"):
+        positions.get_config("row=cope")

@@ -103,7 +103,8 @@ def test_the_study_scores_every_variant_and_resumes(imported, tmp_path, capsys):
 
 def test_bad_flags_are_one_line_before_anything_loads(tmp_path):
     for flags, said in [(["--strategies=mid"], "is not one of"), (["--p=1.5"], "in (0, 1)"),
-                        (["--keep=a"], "comma-separated")]:  # fmt: skip
+                        (["--keep=a"], "comma-separated"),
+                        (["--needle_variants=mid_8"], "'mid_8' is not a variant")]:  # fmt: skip
         with pytest.raises(SystemExit) as err:
             fs.main([f"--workdir={tmp_path}", f"--out={tmp_path / 'o'}", *flags])
         assert said in str(err.value) and "\n" not in str(err.value)

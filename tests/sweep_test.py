@@ -535,34 +535,42 @@ def test_a_diverging_row_fails_alone_the_table_names_it_and_the_rerun_skips_the_
 
 def test_a_task_of_eval_tasks_gets_its_score_per_length_in_the_table(tmp_path):
     """A run evaluated with eval.tasks=('loss','passkey'): collect reads the task's headline
-    score per length from its eval file, the page tables it by row and orders pairs at T."""
+    score per length and its example count from its eval file; the page tables it by row
+    with each seed's score at T, counts the seeds that learned it (>= 0.9 at T) and orders
+    at T only the rows that some seed learned."""
     run_dir = tmp_path / "vo" / "seed_0"
     run_dir.mkdir(parents=True)
     entry = lambda loss, key: {"loss": loss, "bits_per_byte": 1.0, "passkey_accuracy": key}
     (run_dir / "eval_10.json").write_text(json.dumps(
         {"step": 10, "32": entry(2.0, 0.75), "64": entry(2.5, 0.25),
-         "settings": {"tasks": ["loss", "passkey"]}}))  # fmt: skip
+         "settings": {"tasks": ["loss", "passkey"], "examples": 40}}))  # fmt: skip
     record = report_lib.collect(plan.Job("vo", 0, str(run_dir), [], 10, [32, 64], ()))
     assert record["tasks"] == {"passkey": {"32": 0.75, "64": 0.25}}
+    assert record["examples"] == {"passkey": 40}
 
     def run(seed, loss, keys):
         return {"seed": seed, "step": 10, "loss": {"32": loss, "64": loss + 1},
-                "tasks": {"passkey": dict(zip(["32", "64"], keys, strict=True))}}  # fmt: skip
+                "tasks": {"passkey": dict(zip(["32", "64"], keys, strict=True))},
+                "examples": {"passkey": 40}}  # fmt: skip
 
     rows = {"qk": [run(0, 1.8, [0.2, 0.0]), run(1, 1.9, [0.4, 0.1])],  # 0.30 ± 0.14 at T
             "vo": [run(0, 2.0, [0.9, 0.5]), run(1, 2.1, [1.0, 0.3])],  # 0.95 ± 0.07
-            "k": [run(0, 2.2, [0.5, 0.0]), run(1, 2.3, [0.3, 0.0])]}  # 0.40 ± 0.14  # fmt: skip
+            "k": [run(0, 2.2, [0.95, 0.0]), run(1, 2.3, [0.35, 0.0])],  # 0.65 ± 0.42
+            "q": [run(0, 2.4, [0.92, 0.0]), run(1, 2.5, [0.98, 0.0])]}  # 0.95 ± 0.04 fmt: skip
     report = {"config": "c.py", "title": "", "command": "x", "date": "d", "jax": "0",
               "device": "cpu", "settings": {}, "seeds": [0, 1], "seq_lens": ["32", "64"],
               "eval_split": "validation", "article_loss": None,
               "rows": {n: {"overrides": {"model.rope.sites": n}, "runs": r}
                        for n, r in rows.items()}}  # fmt: skip
     md = report_lib.render_markdown(report)
-    assert "| row | passkey @32 (1T) | passkey @64 (2T) |" in md
-    assert "| qk | 0.30 ± 0.14 | 0.05 ± 0.07 |" in md  # rows in the loss ranking's order
-    assert md.index("| qk | 0.30") < md.index("| vo | 0.95 ± 0.07 | 0.40 ± 0.14 |")
-    assert "- vo > k: gap 0.55, resolved (noise 0.16)" in md
-    assert "- k > qk: gap 0.10, within seed noise (noise 0.20)" in md
+    assert ("| row | passkey @32 (1T) | passkey @64 (2T) | seeds @T (n = 40) | "
+            "learned (>= 0.9 @T) |") in md
+    assert "| qk | 0.30 ± 0.14 | 0.05 ± 0.07 | 0.20, 0.40 | not learned |" in md
+    assert md.index("| qk | 0.30") < md.index("| vo | 0.95 ± 0.07 | 0.40 ± 0.14 | 0.90, 1.00 |")
+    assert "| k | 0.65 ± 0.42 | 0.00 ± 0.00 | 0.95, 0.35 | 1 of 2 |" in md
+    assert "- k > qk" not in md and "qk:" not in md.split("Adjacent pairs by")[1]
+    assert "- vo > q: gap 0.00, within seed noise" in md
+    assert "- q > k: gap 0.30, within seed noise (noise 0.43)" in md
     del rows["k"][1]["tasks"]  # a run scored without the task: no table for it
     assert "passkey @32" not in report_lib.render_markdown(report)
 

@@ -70,16 +70,19 @@ def strategy_pairs(strategy: str, keep: int, pairs: int, scores=None):
     raise ValueError(f"--strategies: {strategy!r} is not one of {', '.join(STRATEGIES)}")
 
 
+def variant_names(strategies, keeps, ps) -> list[str]:
+    """The variants' names in page order: full, <strategy>_<r>, p_<p>, nope."""
+    chosen = [f"{s}_{keep}" for keep in keeps for s in strategies]
+    return ["full", *chosen, *(f"p_{p:g}" for p in ps), "nope"]
+
+
 def variants(strategies, keeps, ps, pairs: int, scores) -> dict[str, dict | None]:
     """Variant name -> its `model.rope.pairs` fields (None: as trained), in page order."""
-    out: dict[str, dict | None] = {"full": None}
-    for keep in keeps:
-        for s in strategies:
-            out[f"{s}_{keep}"] = strategy_pairs(s, keep, pairs, scores)
-    for p in ps:
-        out[f"p_{p:g}"] = {"rule": "proportional", "fraction": float(p)}
-    out["nope"] = {"rule": "proportional", "fraction": 0.0}
-    return out
+    fields = [None, *(strategy_pairs(s, keep, pairs, scores) for keep in keeps
+                      for s in strategies),
+              *({"rule": "proportional", "fraction": float(p)} for p in ps),
+              {"rule": "proportional", "fraction": 0.0}]  # fmt: skip
+    return dict(zip(variant_names(strategies, keeps, ps), fields, strict=True))
 
 
 def turning(fields: dict | None, head_dim: int, layers: int, kv_heads: int) -> np.ndarray:
@@ -277,41 +280,11 @@ def main(argv=None) -> None:
     p.add_argument("--step", type=int, default=None)
     args = p.parse_args(argv)
     try:
-        strategies = parse_list(args.strategies, str, "--strategies")
-        for s in strategies:
-            strategy_pairs(s, 1, 1, np.zeros((1, 1, 1)))  # a name that is not one: now
-        keeps = parse_list(args.keep, int, "--keep")
-        ps = parse_list(args.p, float, "--p")
-        if any(not 0 < v < 1 for v in ps):
-            raise ValueError(f"--p={args.p!r}: each p must be in (0, 1)")
-        lengths = parse_list(args.needle_lengths, int, "--needle_lengths")
-        from rope_jax.experiments import position_loss
-
-        if args.length % position_loss.CHUNK or args.bucket < 1 or args.examples < 1:
-            raise ValueError(f"--length must be a multiple of {position_loss.CHUNK}; --bucket "
-                             "and --examples positive")  # fmt: skip
-        from rope_jax import defaults
-        from rope_jax.harness import checks, runfiles
-
-        config = defaults.fill(runfiles.load_config(args.workdir))
-        tok = runfiles.load_tokenizer(args.workdir)
-        held_out, plays = position_loss.text()
-        ids = tok.encode(held_out)
-        batch = position_loss.windows(ids, args.length, 1)
-        calib = np.asarray(tok.encode(calibration_text()[0])[: args.calibration], np.int32)
-        if calib.size < args.calibration:
-            raise ValueError(f"--calibration={args.calibration} is more than the training "
-                             f"plays' {calib.size:,} tokens")  # fmt: skip
+        asked, meta, batch, calib, m = _inputs(args, argv)
     except (ValueError, OSError) as e:
         sys.exit(f"error: {e}")
-    m = config.model
+    strategies, keeps, ps, lengths, needled = asked
     os.makedirs(os.path.join(args.out, "cells"), exist_ok=True)
-    meta = {"command": "python -m rope_jax.experiments.frequency_surgery " + " ".join(
-        sys.argv[1:] if argv is None else argv), "workdir": args.workdir, "plays": plays,
-        "tokens": len(ids), "length": args.length, "bucket": args.bucket,
-        "calibration": args.calibration, "examples": args.examples,
-        "needle_lengths": lengths, "trained_length": checks.trained_length(config),
-        "layers": m.num_layers, "kv_heads": m.num_kv_heads}  # fmt: skip
     try:
         scores = _cached(os.path.join(args.out, "scores.json"),
                          {"calibration": args.calibration},
@@ -327,12 +300,7 @@ def main(argv=None) -> None:
                                                     step=args.step))  # fmt: skip
             print(f"{name}: loss {cells[name]['mean']:.3f} ({time.time() - start:.0f} s)",
                   flush=True)  # fmt: skip
-        asked = parse_list(args.needle_variants, str, "--needle_variants") or list(todo)
-        unknown = [n for n in asked if n not in todo]
-        if unknown:
-            sys.exit(f"error: --needle_variants: {unknown[0]!r} is not a variant of this "
-                     f"study ({', '.join(todo)})")  # fmt: skip
-        for name in asked:
+        for name in needled or todo:
             needles[name] = _needle(args, name, todo[name], lengths)
     except KeyboardInterrupt as e:  # the cells written so far stay; a rerun resumes
         sys.exit(signals.interrupted(e, "the same command resumes"))
@@ -343,6 +311,51 @@ def main(argv=None) -> None:
         f.write(page(meta, scores, cells, needles, masks))
     plot(stem + ".png", scores, cells)
     print(f"wrote {stem}.md, .json and .png")
+
+
+def _inputs(args, argv):
+    """((strategies, keeps, ps, needle lengths, needle variants), the page's facts, the held-out window
+    [1, length], the calibration tokens, config.model), checked: ValueError naming the
+    flag before anything is built."""
+    strategies = parse_list(args.strategies, str, "--strategies")
+    for s in strategies:
+        strategy_pairs(s, 1, 1, np.zeros((1, 1, 1)))  # a name that is not one: now
+    keeps = parse_list(args.keep, int, "--keep")
+    ps = parse_list(args.p, float, "--p")
+    if any(not 0 < v < 1 for v in ps):
+        raise ValueError(f"--p={args.p!r}: each p must be in (0, 1)")
+    lengths = parse_list(args.needle_lengths, int, "--needle_lengths")
+    names = variant_names(strategies, keeps, ps)
+    needled = parse_list(args.needle_variants, str, "--needle_variants")
+    unknown = [n for n in needled if n not in names]
+    if unknown:
+        raise ValueError(f"--needle_variants: {unknown[0]!r} is not a variant of this study "
+                         f"({', '.join(names)})")  # fmt: skip
+    from rope_jax.experiments import position_loss
+
+    if args.length % position_loss.CHUNK or args.bucket < 1 or args.examples < 1:
+        raise ValueError(f"--length must be a multiple of {position_loss.CHUNK}; --bucket "
+                         "and --examples positive")  # fmt: skip
+    from rope_jax import defaults
+    from rope_jax.harness import checks, runfiles
+
+    config = defaults.fill(runfiles.load_config(args.workdir))
+    tok = runfiles.load_tokenizer(args.workdir)
+    held_out, plays = position_loss.text()
+    ids = tok.encode(held_out)
+    batch = position_loss.windows(ids, args.length, 1)
+    calib = np.asarray(tok.encode(calibration_text()[0])[: args.calibration], np.int32)
+    if calib.size < args.calibration:
+        raise ValueError(f"--calibration={args.calibration} is more than the training "
+                         f"plays' {calib.size:,} tokens")  # fmt: skip
+    m = config.model
+    meta = {"command": "python -m rope_jax.experiments.frequency_surgery " + " ".join(
+        sys.argv[1:] if argv is None else argv), "workdir": args.workdir, "plays": plays,
+        "tokens": len(ids), "length": args.length, "bucket": args.bucket,
+        "calibration": args.calibration, "examples": args.examples,
+        "needle_lengths": lengths, "trained_length": checks.trained_length(config),
+        "layers": m.num_layers, "kv_heads": m.num_kv_heads}  # fmt: skip
+    return (strategies, keeps, ps, lengths, needled), meta, batch, calib, m
 
 
 def _needle(args, name: str, fields, lengths) -> dict:

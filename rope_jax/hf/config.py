@@ -339,6 +339,8 @@ def check_exportable(model_cfg, *, num_axes: int = 1) -> None:
          "transformers rotates exactly q and k (sites v/o and NoPE have no HF class)"),
         ("model.rope.learned", m.rope.learned, m.rope.learned == "none",
          "learned rotations have no HF class"),
+        ("model.rope.xpos_scale_base", rope.xpos_scale_base, not rope.xpos_scale_base,
+         "xPos's decay has no HF class"),
         ("model.rope.nope_every", rope.nope_every, not rope.nope_every,
          "NoPE layers have no HF class"),
         ("model.rope.global_every", rope.global_every, not rope.global_every,

@@ -122,6 +122,7 @@ def attend(
     impl: str = "xla",
     cached: bool = False,
     seq_len: int | None = None,
+    xpos: float = 0.0,
     **fields,
 ) -> jax.Array:
     """Softmax attention with rotation at `sites`.
@@ -146,6 +147,9 @@ def attend(
         q and o are rotated here (k_positions unused); the attention factor still
         counts the k site.
       seq_len: the static length the dynamic / longrope rules read; default S.
+      xpos: gamma of xPos (`rotary.xpos_scale`, centred at seq_len // 2): rotated queries
+        times zeta ** (p / gamma), keys (unless cached, where they are stored so) divided;
+        0 = off. Needs sites q and k.
 
     Returns:
       [B, T, N, H] in q's dtype. Scores and softmax are float32.
@@ -161,6 +165,9 @@ def attend(
         k = rot(k, k_positions)
     if "v" in sites and not cached:
         v = rot(v, k_positions)  # values rotate with their key's position
+    if xpos:
+        q = decay(q, q_positions, xpos, seq_len, spec.layout)
+        k = k if cached else decay(k, k_positions, xpos, seq_len, spec.layout, key=True)
 
     scale = logit_scale(spec, sites, head_dim=q.shape[-1], seq_len=seq_len, scale=scale)
     o = kernels.mix(q, k, v, terms, impl=impl, scale=scale)
@@ -205,6 +212,34 @@ def attend_tied(
     scale = logit_scale(spec, TIED_SITES, head_dim=q.shape[-1], seq_len=seq_len, scale=scale)
     o = kernels.mix(q, c, c, terms, impl=impl, scale=scale)
     return rot(o, q_positions, inverse=True).astype(q.dtype)
+
+
+def decay(x, positions, gamma: float, seq_len: int, layout: str, *, key: bool = False):
+    """xPos on rotated queries x [B, T, N, H] (keys with `key`: divided), centred at
+    seq_len // 2, the same centre for the keys a cache holds and the queries that read
+    them."""
+    scale = rotary.xpos_scale(_text_positions(positions), x.shape[-1], gamma, seq_len // 2)
+    return rotary.scale_pairs(x, 1.0 / scale if key else scale, layout)
+
+
+def check_xpos(xpos: Any, sites: str, kv: str, num_axes: int) -> float:
+    """gamma of xPos as a float (0 = off); ValueError naming model.rope.xpos_scale_base
+    when it is not a number >= 0, or is set without rotated q and k, with tied K/V
+    (the latent is also the value) or N-D positions."""
+    field = "model.rope.xpos_scale_base"
+    if isinstance(xpos, bool) or not isinstance(xpos, (int, float)) or xpos < 0:
+        raise ValueError(f"{field}={xpos!r} must be a number >= 0 (0 = off; xPos's gamma, "
+                         "e.g. 512)")  # fmt: skip
+    if xpos and not ("q" in sites and "k" in sites):
+        raise ValueError(f"{field}={xpos!r} scales rotated queries and keys: needs sites with "
+                         f"q and k, got model.rope.sites={sites!r}")  # fmt: skip
+    if xpos and kv == "tied":
+        raise ValueError(f"{field}={xpos!r} divides the keys, and a tied latent is also the "
+                         "value: needs model.attention.kv='separate'")  # fmt: skip
+    if xpos and num_axes != 1:
+        raise ValueError(f"{field}={xpos!r} decays with 1-D text distance; the data has "
+                         f"{num_axes} position axes")  # fmt: skip
+    return float(xpos)
 
 
 def rotation_of(rope: RopeSpec | LearnedRotation | Any, seq_len: int | None):
@@ -307,6 +342,7 @@ class Attention(nnx.Module):
         nope_floor_scale: float = 8192.0,
         v4_options: v4.Options = v4.OFF,
         bias: str = "none",
+        xpos: float = 0.0,
         norm_eps: float = 1e-6,
         dtype=jnp.float32,
         param_dtype=jnp.float32,
@@ -323,6 +359,7 @@ class Attention(nnx.Module):
         if v4_options.kv_norm and kv != "tied":
             raise ValueError(f"kv_norm normalises the tied latent: needs kv='tied', got {kv!r}")
         self.sites = "" if nope else sites  # the sites this layer rotates
+        self.xpos = check_xpos(xpos, sites, kv, num_axes) if self.sites else 0.0
         self.rope = RopeSpec.of(rope)
         self.kv, self.impl = kv, kernels.check_impl(impl)
         self.dtype = dtype
@@ -402,7 +439,7 @@ class Attention(nnx.Module):
             qk_norm=att.qk_norm, sinks=att.sinks, window=window, chunk=chunk,
             qk_l2_norm=att.qk_l2_norm, nope_attn_scale=cfg.rope.nope_attn_scale,
             nope_floor_scale=cfg.rope.nope_floor_scale, v4_options=v4.Options.of(att),
-            bias=att.bias,
+            bias=att.bias, xpos=cfg.rope.xpos_scale_base,
             norm_eps=cfg.norm_eps, dtype=DTYPES[cfg.dtype], param_dtype=DTYPES[cfg.param_dtype],
             out_scale=out_scale, rngs=rngs,
         )  # fmt: skip
@@ -462,7 +499,7 @@ class Attention(nnx.Module):
         if self.kv == "tied" and self.sites:
             o = attend_tied(q, k, **kw)
         else:  # separate, or a tied NoPE layer (k = v = the latent, unrotated)
-            o = attend(q, k, v, sites=self.sites, **kw)
+            o = attend(q, k, v, sites=self.sites, xpos=self.xpos, **kw)
         return self._out(o)
 
     def _sinks(self):
@@ -530,12 +567,14 @@ class Attention(nnx.Module):
         if seq_len is None:  # S: the length dynamic / longrope read
             seq_len = next(iter(cache.values())).shape[1]
         rope = self.rotation()
-        _, rotate = rotation_of(rope, seq_len)
+        spec, rotate = rotation_of(rope, seq_len)
         rot = lambda y: rotate(y, positions)
         if self.kv == "tied":
             new = {"c": rot(k) if self.sites else k}  # rotated once (unless a NoPE layer)
         else:
             new = {"k": rot(k) if "k" in self.sites else k, "v": rot(v) if "v" in self.sites else v}
+            if self.xpos:  # stored decayed, as attend decays uncached keys
+                new["k"] = decay(new["k"], positions, self.xpos, seq_len, spec.layout, key=True)
         if self.bias is not None:
             new["pos"] = _text_positions(positions)
         terms = kernels.Terms(causal=True, sinks=self._sinks())
@@ -568,6 +607,7 @@ class Attention(nnx.Module):
             impl=self.impl,
             cached=True,
             seq_len=seq_len,
+            xpos=self.xpos,
         )  # fmt: skip  (keys, values: already rotated)
         if ring:
             cache = {name: sliding.ring_store(cache[name], slots, index) for name in cache}

@@ -73,6 +73,9 @@ def _layer_max(attn, h, positions) -> jax.Array:
         q = rot(q, positions)
     if "k" in sites:
         k = rot(k, positions)
+    if attn.xpos:
+        q = attention.decay(q, positions, attn.xpos, t, spec.layout)
+        k = attention.decay(k, positions, attn.xpos, t, spec.layout, key=True)
     scale = attention.logit_scale(spec, sites, head_dim=q.shape[-1], seq_len=t)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     k = jnp.repeat(k, q.shape[2] // k.shape[2], axis=2)  # kv head n // group for head n
