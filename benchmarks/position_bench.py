@@ -33,6 +33,8 @@ ROWS = {  # row -> overrides of the tiny preset
     "fire": {"model.rope.sites": "", "model.attention.bias": "fire"},
     "qk + fire": {"model.attention.bias": "fire"},
     "xpos": {"model.rope.xpos_scale_base": 512.0},
+    "half-trunc + key offset": {"model.rope.pairs.rule": "half_truncated",
+                                "model.rope.key_offset": True},
 }
 
 

@@ -14,6 +14,8 @@ Every row is `configs/lm.py` at the same size and data, with:
   qk_fire             QK-RoPE with FIRE's bias beside it
   xpos                QK-RoPE with xPos's decay (model.rope.xpos_scale_base = 512, the
                       reference's gamma; docs/maths.md#xpos)
+  half_truncated      QK-RoPE turning half its pairs (modded-nanogpt's half-truncated RoPE)
+  half_truncated_ko   the same with the partial key offset (model.rope.key_offset)
 
 Arg keys: size, row, data, steps (as configs/lm.py).
 """
@@ -30,6 +32,9 @@ BIAS_ROWS = {  # row -> (the site row it starts from, model.attention.bias)
 }
 ROTATION_ROWS = {  # row -> (the site row it starts from, its rotation settings)
     "xpos": ("qk", {"model.rope.xpos_scale_base": 512.0}),
+    "half_truncated": ("qk", {"model.rope.pairs.rule": "half_truncated"}),
+    "half_truncated_ko": ("qk", {"model.rope.pairs.rule": "half_truncated",
+                                 "model.rope.key_offset": True}),
 }
 ROWS = (*SITE_ROWS, *BIAS_ROWS, *ROTATION_ROWS)
 

@@ -173,6 +173,9 @@ def model(shape: dict = SHAPE) -> ml_collections.ConfigDict:
     # xPos (Sun et al. 2022): rotated q and k pair i scaled by zeta_i ** (+-(p - T/2) / gamma),
     # a decay of q . k with distance; gamma here (the reference's 512), 0 = off
     model.rope.xpos_scale_base = 0.0
+    # modded-nanogpt's partial key offset: a key's stationary numbers (its frozen pairs,
+    # e.g. pairs.rule=half_truncated) are the previous token's, in every rotating layer
+    model.rope.key_offset = False
     # Context scaling (docs/maths.md#context-scaling), Hugging Face `rope_parameters` keys;
     # a key left None is absent, e.g. --config.model.rope.scaling.rope_type=yarn
     # --config.model.rope.scaling.factor=4. The rule applies to every rotating (global) layer.

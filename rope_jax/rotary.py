@@ -619,6 +619,22 @@ def _cos_sin_table(phase):
     return table[..., 0, :], table[..., 1, :]
 
 
+def stationary(head_dim: int, rope: RopeSpec | None = None, **settings) -> np.ndarray:
+    """bool [H] (or [K, H] for a per-head selection's layer): the numbers of a head that
+    no rotation moves, the members of its frozen pairs (frequency 0) and the numbers a
+    partial rotation passes through."""
+    spec = RopeSpec.of(rope, **settings)
+    block, _, turning = spec.pairs.select(int(head_dim))
+    heads = spec.pairs.heads(int(head_dim))
+    turning = heads if heads is not None else (
+        np.ones(block // 2, bool) if turning is None else turning)  # fmt: skip
+    u, v = _pair_indices(block, spec.layout)
+    out = np.ones((*turning.shape[:-1], int(head_dim)), bool)
+    out[..., u] = ~turning
+    out[..., v] = ~turning
+    return out
+
+
 def xpos_scale(positions, head_dim: int, scale_base: float, center) -> jax.Array:
     """xPos's scale (Sun et al. 2022) of pair i at position p: zeta_i ** ((p - c) / gamma),
     zeta_i = (2i + 0.4 H) / (1.4 H) in (0, 1), gamma = `scale_base`, c = `center`.

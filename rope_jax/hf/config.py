@@ -341,6 +341,8 @@ def check_exportable(model_cfg, *, num_axes: int = 1) -> None:
          "learned rotations have no HF class"),
         ("model.rope.xpos_scale_base", rope.xpos_scale_base, not rope.xpos_scale_base,
          "xPos's decay has no HF class"),
+        ("model.rope.key_offset", rope.key_offset, not rope.key_offset,
+         "the partial key offset has no HF class"),
         ("model.rope.nope_every", rope.nope_every, not rope.nope_every,
          "NoPE layers have no HF class"),
         ("model.rope.global_every", rope.global_every, not rope.global_every,

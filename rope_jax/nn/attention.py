@@ -222,6 +222,31 @@ def decay(x, positions, gamma: float, seq_len: int, layout: str, *, key: bool = 
     return rotary.scale_pairs(x, 1.0 / scale if key else scale, layout)
 
 
+def offset_keys(k, still, prev=None, starts=None):
+    """modded-nanogpt's partial key offset: key t's stationary numbers (`still`, bool [H]
+    or [K, H]: `rotary.stationary`) are key t-1's, so a query can match the previous
+    token's content in one layer (an induction head); the first key (of the sequence,
+    or of a document where `starts` [B, T] is True) keeps its own.
+
+    k: [B, T, K, H] before rotation; `prev` [B, 1, K, H] is the key before k[:, 0] (a
+    decoding cache's last), None when k[:, 0] starts the sequence.
+    """
+    before = k[:, :1] if prev is None else prev.astype(k.dtype)
+    shifted = jnp.concatenate([before, k[:, :-1]], axis=1)
+    keep = jnp.zeros(k.shape[:2], bool) if starts is None else starts
+    still = jnp.asarray(still)
+    take = still[None, None] if still.ndim == 2 else still[None, None, None]
+    return jnp.where(take & ~keep[:, :, None, None], shifted, k)
+
+
+def _document_starts(segments):
+    """bool [B, T]: where a packed row's document begins (None without segments)."""
+    if segments is None:
+        return None
+    first = jnp.ones_like(segments[:, :1], bool)
+    return jnp.concatenate([first, segments[:, 1:] != segments[:, :-1]], axis=1)
+
+
 def check_xpos(xpos: Any, sites: str, kv: str, num_axes: int) -> float:
     """gamma of xPos as a float (0 = off); ValueError naming model.rope.xpos_scale_base
     when it is not a number >= 0, or is set without rotated q and k, with tied K/V
@@ -343,6 +368,7 @@ class Attention(nnx.Module):
         v4_options: v4.Options = v4.OFF,
         bias: str = "none",
         xpos: float = 0.0,
+        key_offset: bool = False,
         norm_eps: float = 1e-6,
         dtype=jnp.float32,
         param_dtype=jnp.float32,
@@ -361,6 +387,7 @@ class Attention(nnx.Module):
         self.sites = "" if nope else sites  # the sites this layer rotates
         self.xpos = check_xpos(xpos, sites, kv, num_axes) if self.sites else 0.0
         self.rope = RopeSpec.of(rope)
+        self.key_offset = _key_offset(key_offset, self.rope, head_dim, kv) if self.sites else None
         self.kv, self.impl = kv, kernels.check_impl(impl)
         self.dtype = dtype
         d, n, kh, h = embed_dim, num_heads, num_kv_heads, head_dim
@@ -439,7 +466,7 @@ class Attention(nnx.Module):
             qk_norm=att.qk_norm, sinks=att.sinks, window=window, chunk=chunk,
             qk_l2_norm=att.qk_l2_norm, nope_attn_scale=cfg.rope.nope_attn_scale,
             nope_floor_scale=cfg.rope.nope_floor_scale, v4_options=v4.Options.of(att),
-            bias=att.bias, xpos=cfg.rope.xpos_scale_base,
+            bias=att.bias, xpos=cfg.rope.xpos_scale_base, key_offset=cfg.rope.key_offset,
             norm_eps=cfg.norm_eps, dtype=DTYPES[cfg.dtype], param_dtype=DTYPES[cfg.param_dtype],
             out_scale=out_scale, rngs=rngs,
         )  # fmt: skip
@@ -489,6 +516,8 @@ class Attention(nnx.Module):
         """
         x = x.astype(self.dtype)
         q, k, v = self._project(x, positions)
+        if self.key_offset is not None:
+            k = offset_keys(k, self.key_offset, starts=_document_starts(segments))
         terms = kernels.Terms(
             causal=causal, q_segments=segments, kv_segments=segments, mask=mask,
             window=self.window, chunk=self.chunk, sinks=self._sinks(),
@@ -543,6 +572,8 @@ class Attention(nnx.Module):
         cache = {name: jnp.zeros(shape, self.dtype) for name in names}
         if self.bias is not None:  # a position bias reads the keys' positions
             cache["pos"] = jnp.zeros(shape[:2], jnp.float32)
+        if self.key_offset is not None:  # the last key before its offset, for the next
+            cache["k_last"] = jnp.zeros((batch_size, 1, *proj.shape[1:]), self.dtype)
         return cache
 
     def decode(
@@ -564,6 +595,11 @@ class Attention(nnx.Module):
         """
         x = x.astype(self.dtype)
         q, k, v = self._project(x, positions)
+        last = cache.get("k_last")
+        cache = {name: a for name, a in cache.items() if name != "k_last"}
+        if last is not None:  # the first token of all keeps its own stationary numbers
+            starts = jnp.broadcast_to(jnp.arange(k.shape[1]) + index == 0, k.shape[:2])
+            k, last = offset_keys(k, self.key_offset, last, starts), k[:, -1:]
         if seq_len is None:  # S: the length dynamic / longrope read
             seq_len = next(iter(cache.values())).shape[1]
         rope = self.rotation()
@@ -611,6 +647,8 @@ class Attention(nnx.Module):
         )  # fmt: skip  (keys, values: already rotated)
         if ring:
             cache = {name: sliding.ring_store(cache[name], slots, index) for name in cache}
+        if last is not None:
+            cache["k_last"] = last
         return self._out(o), cache
 
     def _ring_segments(self, batch: int, new: int, slots: int, index):
@@ -619,6 +657,25 @@ class Attention(nnx.Module):
         if self.chunk is not None:
             return sliding.chunk_segments(batch, slots, new, index, self.chunk)
         return sliding.ring_segments(batch, slots, new, index)
+
+
+def _key_offset(on: Any, rope: RopeSpec, head_dim: int, kv: str):
+    """The stationary numbers the partial key offset moves (`rotary.stationary`), or None
+    when it is off; ValueError naming model.rope.key_offset where it has no meaning."""
+    field = "model.rope.key_offset"
+    if not isinstance(on, bool):
+        raise ValueError(f"{field}={on!r} must be True or False")
+    if not on:
+        return None
+    if kv == "tied":
+        raise ValueError(f"{field}=True shifts the keys, and a tied latent is also the value: "
+                         "needs model.attention.kv='separate'")  # fmt: skip
+    still = rotary.stationary(head_dim, rope)
+    if not still.any():
+        raise ValueError(f"{field}=True shifts a head's stationary numbers, and "
+                         f"model.rope.pairs.rule={rope.pairs.rule!r} turns every pair: use a rule "
+                         "that freezes some, e.g. half_truncated")  # fmt: skip
+    return still
 
 
 def _text_positions(positions) -> jax.Array:
