@@ -32,6 +32,7 @@ ROWS = {  # row -> overrides of the tiny preset
     "alibi": {"model.rope.sites": "", "model.attention.bias": "alibi"},
     "fire": {"model.rope.sites": "", "model.attention.bias": "fire"},
     "qk + fire": {"model.attention.bias": "fire"},
+    "fox": {"model.rope.sites": "", "model.attention.bias": "forget"},
     "xpos": {"model.rope.xpos_scale_base": 512.0},
     "half-trunc + key offset": {"model.rope.pairs.rule": "half_truncated",
                                 "model.rope.key_offset": True},

@@ -12,6 +12,7 @@ Every row is `configs/lm.py` at the same size and data, with:
   alibi               no rotation, ALiBi's bias (model.attention.bias, nn/biases.py)
   fire                no rotation, FIRE's learned bias
   qk_fire             QK-RoPE with FIRE's bias beside it
+  fox                 no rotation, the Forgetting Transformer's forget gate (bias "forget")
   xpos                QK-RoPE with xPos's decay (model.rope.xpos_scale_base = 512, the
                       reference's gamma; docs/maths.md#xpos)
   half_truncated      QK-RoPE turning half its pairs (modded-nanogpt's half-truncated RoPE)
@@ -29,6 +30,7 @@ BIAS_ROWS = {  # row -> (the site row it starts from, model.attention.bias)
     "alibi": ("nope", "alibi"),
     "fire": ("nope", "fire"),
     "qk_fire": ("qk", "fire"),
+    "fox": ("nope", "forget"),
 }
 ROTATION_ROWS = {  # row -> (the site row it starts from, its rotation settings)
     "xpos": ("qk", {"model.rope.xpos_scale_base": 512.0}),

@@ -1,10 +1,13 @@
 """Writes the position schemes' references for the tests, which read them in CI without
 torch: tests/data/biases/alibi.npz, HF transformers' ALiBi (BLOOM's `build_alibi_tensor`,
 for tests/biases_test.py), and tests/data/biases/xpos.npz, rotary-embedding-torch's xPos
-(`RotaryEmbedding(use_xpos=True).rotate_queries_and_keys`, for tests/xpos_test.py).
+(`RotaryEmbedding(use_xpos=True).rotate_queries_and_keys`, for tests/xpos_test.py), and
+tests/data/biases/forget.npz, fla-core's naive forgetting attention (FoX,
+`fla/ops/forgetting_attn/naive.py`, its gradients by torch autograd; for
+tests/biases_test.py).
 
 Run once in the bench venv (torch + transformers, requirements-bench.txt, and
-`pip install rotary-embedding-torch==0.9.1`):
+`pip install rotary-embedding-torch==0.9.1` and `pip install --no-deps fla-core==0.6.0`):
   python scripts/make_bias_fixtures.py
 
 Holds, for each head count N in HEADS, HF's slopes (the alibi tensor at key position 1,
@@ -61,8 +64,36 @@ def xpos(seed: int = 1, length: int = 40, head_dim: int = 16, gamma: float = 32.
             "gamma": np.float32(gamma)}  # fmt: skip
 
 
+def forget(seed: int = 2) -> dict:
+    """FoX on random q, k, v [B, T, N, H] (2 kv heads for 4 query heads) with the gate
+    log sigmoid(x w + b) of random x [B, T, D]; `grad_*` of sum(out * r) for random r."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(importlib.util.find_spec("fla").origin), "ops",
+                        "forgetting_attn", "naive.py")  # fmt: skip
+    spec = importlib.util.spec_from_file_location("fox_naive", path)
+    naive = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(naive)  # the file alone: the package's kernels need triton
+    gen = torch.Generator().manual_seed(seed)
+    b, t, n, kv, h, d = 2, 12, 4, 2, 8, 16
+    q = torch.randn(b, t, n, h, generator=gen, requires_grad=True)
+    k, v = (torch.randn(b, t, kv, h, generator=gen, requires_grad=True) for _ in range(2))
+    x = torch.randn(b, t, d, generator=gen)
+    w = (torch.randn(d, n, generator=gen) / d**0.5).requires_grad_()
+    bias = torch.randn(n, generator=gen).requires_grad_()
+    g = torch.nn.functional.logsigmoid(x @ w + bias)  # [B, T, N]
+    out = naive.naive_forgetting_attn(q, k, v, g)
+    r = torch.randn(out.shape, generator=gen)
+    (out * r).sum().backward()
+    t_ = lambda a: a.detach().numpy()
+    return {"q": t_(q), "k": t_(k), "v": t_(v), "x": t_(x), "w": t_(w), "b": t_(bias),
+            "out": t_(out), "r": t_(r), "grad_q": t_(q.grad), "grad_k": t_(k.grad),
+            "grad_w": t_(w.grad), "grad_b": t_(bias.grad)}  # fmt: skip
+
+
 def main() -> None:
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
+    np.savez(os.path.join(os.path.dirname(OUT), "forget.npz"), **forget())
     np.savez(os.path.join(os.path.dirname(OUT), "xpos.npz"), **xpos())
     arrays = {f"slopes_{n}": slopes(n) for n in HEADS}
     arrays.update({f"attention_{k}": v for k, v in attention().items()})

@@ -79,7 +79,7 @@ def fire_reference(params, q_pos, k_pos):
 
 @pytest.mark.parametrize("threshold", [1.0, 0.01])  # L = 512 (above every position), 5.12
 def test_fire_is_the_papers_formula(threshold):
-    params = biases.SCHEMES["fire"].init(4, jax.random.key(0))
+    params = biases.SCHEMES["fire"].init(4, jax.random.key(0), 0)
     params = {**params, "c": jnp.asarray(0.7), "L_multiplier": jnp.asarray(threshold)}
     q_pos = jnp.asarray([[0.0, 2.0, 9.0, 30.0]])
     k_pos = jnp.asarray([[0.0, 1.0, 2.0, 9.0, 30.0]])
@@ -93,7 +93,7 @@ def test_fire_is_the_papers_formula(threshold):
 @pytest.mark.parametrize(
     "scheme, sites",
     [("alibi", ""), pytest.param("alibi", "qk", marks=pytest.mark.slow),
-     pytest.param("fire", "", marks=pytest.mark.slow), ("fire", "qk")],
+     pytest.param("fire", "", marks=pytest.mark.slow), ("fire", "qk"), ("forget", "")],
 )  # fmt: skip
 def test_every_kernel_runs_a_bias_alike_forward_and_backward(sites, scheme):
     tok = jnp.asarray(np.random.default_rng(0).integers(0, 259, (2, T)), jnp.int32)
@@ -111,7 +111,7 @@ def test_every_kernel_runs_a_bias_alike_forward_and_backward(sites, scheme):
 
 
 @pytest.mark.slow  # eager decoding, step by step
-@pytest.mark.parametrize("scheme", ["alibi", "fire"])
+@pytest.mark.parametrize("scheme", ["alibi", "fire", "forget"])
 @pytest.mark.parametrize("layers", [{}, {"attention.window": 5}])
 def test_decoding_with_a_bias_equals_the_forward_pass(layers, scheme):
     """The cache keeps each slot's position, so a decoded token's bias is the forward
@@ -132,7 +132,7 @@ def test_decoding_with_a_bias_equals_the_forward_pass(layers, scheme):
 @pytest.mark.parametrize(
     "overrides, message",
     [({"attention.bias": "fire2"},
-      "model.attention.bias='fire2' is not one of 'none', 'alibi', 'fire'"),
+      "model.attention.bias='fire2' is not one of 'none', 'alibi', 'fire', 'forget'"),
      ({"attention.impl": "splash"}, "model.attention.impl='splash' cannot compute the "
                                     "attention term 'bias'")],
 )  # fmt: skip
@@ -168,3 +168,24 @@ def test_alibi_equals_hf_bloom_slopes_and_attention():
                           block_size=4)  # fmt: skip
         valid = np.asarray(mask, bool)  # rows of pad queries see no key in HF either
         np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(out)[valid], atol=1e-5)
+
+
+def test_forget_gates_equal_fla_naive_forgetting_attention_forward_and_backward():
+    """FoX (fla-core's `naive_forgetting_attn`, scripts/make_bias_fixtures.py): softmax(q k^T /
+    sqrt(H) + c_t - c_s) v with c the running sum of log sigmoid(x w + b), in every kernel
+    that takes a bias; the gradients of q, k and of the gate's w and b equal torch's."""
+    ref = {k: jnp.asarray(v) for k, v in np.load(FIXTURE.replace("alibi", "forget")).items()}
+    scheme = biases.SCHEMES["forget"]
+
+    def out(q, k, w, b, impl):
+        sums = jnp.cumsum(scheme.cumulative({"w": w, "b": b}, ref["x"]), axis=1)
+        bias = kernels.Bias(scheme.fn, {"q": sums, "k": sums}, ())
+        return kernels.mix(q, k, ref["v"], impl=impl, causal=True, bias=bias, block_size=4)
+
+    loss = lambda *a, impl: jnp.sum(out(*a, impl) * ref["r"])
+    for impl in ("xla", "dot_product", "chunked"):
+        args = (ref["q"], ref["k"], ref["w"], ref["b"])
+        np.testing.assert_allclose(np.asarray(out(*args, impl)), ref["out"], atol=2e-5)
+        grads = jax.grad(lambda *a: loss(*a, impl=impl), argnums=(0, 1, 2, 3))(*args)
+        for got, name in zip(grads, ("grad_q", "grad_k", "grad_w", "grad_b"), strict=True):
+            np.testing.assert_allclose(np.asarray(got), ref[name], atol=1e-4, rtol=1e-4)

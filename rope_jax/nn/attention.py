@@ -418,7 +418,7 @@ class Attention(nnx.Module):
                                  eager_sharding=False)  # fmt: skip
         self.sinks = sink() if sinks else None
         self.window, self.chunk = window, chunk  # W of a sliding layer, C of a chunked one
-        self._position_bias(bias, n, rngs)
+        self._position_bias(bias, n, d, rngs)
         self.norm_eps, self.qk_l2_norm = norm_eps, bool(qk_l2_norm and self.sites)
         self.temperature = (  # (a, f) of a NoPE layer's query temperature, else None
             (nope_attn_scale, nope_floor_scale) if nope_attn_scale and not self.sites else None
@@ -438,12 +438,12 @@ class Attention(nnx.Module):
         self.q_norm = RMSNorm(h, **norm) if qk_norm else None
         self.k_norm = RMSNorm(h, **norm) if qk_norm else None
 
-    def _position_bias(self, name: str, num_heads: int, rngs: nnx.Rngs) -> None:
+    def _position_bias(self, name: str, num_heads: int, embed_dim: int, rngs: nnx.Rngs) -> None:
         """The layer's position bias (`nn.biases`; None for "none") and its learned
-        parameters, float32 `bias_<name>` (not sharded: a few numbers)."""
+        parameters, float32 `bias_<name>` (not sharded: a few numbers, or FoX's gate)."""
         scheme = biases.check(name)
         self.bias = name if scheme.fn is not None else None
-        initial = scheme.init(num_heads, rngs.params()) if self.bias else {}
+        initial = scheme.init(num_heads, rngs.params(), embed_dim) if self.bias else {}
         self._bias_names = tuple(initial)
         for key, value in initial.items():
             param = nnx.Param(jnp.asarray(value, jnp.float32), eager_sharding=False)
@@ -521,7 +521,7 @@ class Attention(nnx.Module):
         terms = kernels.Terms(
             causal=causal, q_segments=segments, kv_segments=segments, mask=mask,
             window=self.window, chunk=self.chunk, sinks=self._sinks(),
-            bias=self._bias(positions, positions),
+            bias=self._bias(positions, positions, *self._sums(x)),
         )  # fmt: skip
         kw = dict(q_positions=positions, k_positions=positions, rope=self.rotation(),
                   terms=terms, impl=self.impl)  # fmt: skip
@@ -534,14 +534,31 @@ class Attention(nnx.Module):
     def _sinks(self):
         return None if self.sinks is None else self.sinks[...]
 
-    def _bias(self, q_positions, k_positions):
+    def _bias_params(self) -> dict:
+        return {name: getattr(self, f"bias_{name}")[...] for name in self._bias_names}
+
+    def _sums(self, x, last=None) -> tuple:
+        """(running sums [B, T, N],) of a data-dependent bias's increments of x [B, T, D],
+        from `last` [B, 1, N] (a decoding cache's; None: from 0), twice (queries and keys
+        of a forward pass); () for a bias of positions alone."""
+        scheme = None if self.bias is None else biases.SCHEMES[self.bias]
+        if scheme is None or scheme.cumulative is None:
+            return ()
+        sums = jnp.cumsum(scheme.cumulative(self._bias_params(), x), axis=1)
+        sums = sums if last is None else sums + last
+        return sums, sums
+
+    def _bias(self, q_positions, k_positions, q_sums=None, k_sums=None):
         """The layer's position bias (`nn.biases`) between queries at q_positions [B, T, A]
         (or [B, T]) and keys at k_positions, as a `kernels.Bias`; None without one. A bias
-        reads the first position axis (text positions)."""
+        reads the first position axis (text positions); a data-dependent one the running
+        sums of its queries and keys (`_sums`), as parameters: the gradient reaches them."""
         if self.bias is None:
             return None
         scheme = biases.SCHEMES[self.bias]
-        params = {name: getattr(self, f"bias_{name}")[...] for name in self._bias_names}
+        params = self._bias_params()
+        if q_sums is not None:
+            params = {"q": q_sums, "k": k_sums}
         inputs = (scheme.constants(self.num_heads), _text_positions(q_positions),
                   _text_positions(k_positions))  # fmt: skip
         return kernels.Bias(scheme.fn, params, inputs)
@@ -574,6 +591,9 @@ class Attention(nnx.Module):
             cache["pos"] = jnp.zeros(shape[:2], jnp.float32)
         if self.key_offset is not None:  # the last key before its offset, for the next
             cache["k_last"] = jnp.zeros((batch_size, 1, *proj.shape[1:]), self.dtype)
+        if self.bias is not None and biases.SCHEMES[self.bias].cumulative is not None:
+            cache["sum"] = jnp.zeros((*shape[:2], self.num_heads), jnp.float32)  # per slot
+            cache["sum_last"] = jnp.zeros((batch_size, 1, self.num_heads), jnp.float32)
         return cache
 
     def decode(
@@ -595,8 +615,8 @@ class Attention(nnx.Module):
         """
         x = x.astype(self.dtype)
         q, k, v = self._project(x, positions)
-        last = cache.get("k_last")
-        cache = {name: a for name, a in cache.items() if name != "k_last"}
+        last, sum_last = cache.get("k_last"), cache.get("sum_last")
+        cache = {name: a for name, a in cache.items() if name not in _NOT_SLOTS}
         if last is not None:  # the first token of all keeps its own stationary numbers
             starts = jnp.broadcast_to(jnp.arange(k.shape[1]) + index == 0, k.shape[:2])
             k, last = offset_keys(k, self.key_offset, last, starts), k[:, -1:]
@@ -613,6 +633,9 @@ class Attention(nnx.Module):
                 new["k"] = decay(new["k"], positions, self.xpos, seq_len, spec.layout, key=True)
         if self.bias is not None:
             new["pos"] = _text_positions(positions)
+        sums = self._sums(x, sum_last)
+        if sums:
+            new["sum"], sum_last = sums[0], sums[0][:, -1:]
         terms = kernels.Terms(causal=True, sinks=self._sinks())
         ring = self.window is not None or self.chunk is not None
         if not ring:  # new token t sees the filled slots and itself
@@ -630,7 +653,8 @@ class Attention(nnx.Module):
         keys = cache["c"] if self.kv == "tied" else cache["k"]
         values = cache["c"] if self.kv == "tied" else cache["v"]
         if self.bias is not None:
-            terms = kernels.Terms.of(terms, bias=self._bias(positions, cache["pos"]))
+            extra = (sums[0], cache["sum"]) if sums else ()
+            terms = kernels.Terms.of(terms, bias=self._bias(positions, cache["pos"], *extra))
         o = attend(
             q,
             keys,
@@ -649,6 +673,8 @@ class Attention(nnx.Module):
             cache = {name: sliding.ring_store(cache[name], slots, index) for name in cache}
         if last is not None:
             cache["k_last"] = last
+        if sum_last is not None:
+            cache["sum_last"] = sum_last
         return self._out(o), cache
 
     def _ring_segments(self, batch: int, new: int, slots: int, index):
@@ -657,6 +683,10 @@ class Attention(nnx.Module):
         if self.chunk is not None:
             return sliding.chunk_segments(batch, slots, new, index, self.chunk)
         return sliding.ring_segments(batch, slots, new, index)
+
+
+# cache entries that are not one value per slot (the ring and slot updates skip them)
+_NOT_SLOTS = ("k_last", "sum_last")
 
 
 def _key_offset(on: Any, rope: RopeSpec, head_dim: int, kv: str):

@@ -18,6 +18,15 @@ and a line of docs/maths.md#position-biases.
          the log of the query's position, progressively interpolated: below the learned
          threshold L (|L_multiplier| * 512) the divisor is fixed, so short contexts see
          the distances themselves; c (0.1 at init) and L are learned with the MLP.
+  forget b = c_t - c_s, c_t = sum_{l <= t} log sigmoid(w_n . x_l + b_n): the Forgetting
+         Transformer's forget gate (FoX, Lin et al. 2025), a data-dependent decay of
+         each head's logits with what lies between query and key (no position encoding
+         needed: use it with model.rope.sites=""); w [D, N] and b [N] learned.
+
+A data-dependent scheme (`Scheme.cumulative`) gives per-token increments of the layer's
+input x; the layer takes their running sum along the sequence and hands it to the bias
+function as parameters (so the gradient reaches the gate), the decoding cache keeping
+each slot's sum and the last one.
 """
 
 from __future__ import annotations
@@ -35,13 +44,17 @@ import numpy as np
 class Scheme:
     """One position bias: `fn(params, (constants, q_positions [B, T], k_positions [B, S]),
     q_idx, k_idx)` -> float32 broadcastable to [B, N, t, s]; `constants(num_heads)` its
-    fixed per-head numbers; `init(num_heads, key)` its learned parameters' initial values
-    (name -> float array; `key` a JAX PRNG key)."""
+    fixed per-head numbers; `init(num_heads, key, embed_dim)` its learned parameters'
+    initial values (name -> float array; `key` a JAX PRNG key). `cumulative(params, x)`,
+    for a data-dependent scheme: float32 [B, T, N] increments of the layer input x
+    [B, T, D] whose running sums the bias reads as params["q"] [B, T, N], params["k"]
+    [B, S, N] (None for a scheme of positions alone)."""
 
     fn: Callable | None
     means: str
     constants: Callable[[int], np.ndarray | tuple] = lambda num_heads: ()
-    init: Callable[[int, jax.Array], dict] = lambda num_heads, key: {}
+    init: Callable[[int, jax.Array, int], dict] = lambda num_heads, key, embed_dim: {}
+    cumulative: Callable | None = None
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
@@ -67,7 +80,7 @@ def _alibi(params, inputs, q_idx, k_idx):
 FIRE_WIDTH, FIRE_L, FIRE_EPS = 32, 512.0, 1e-6  # the MLP's width, L's scale, psi's guard
 
 
-def _fire_init(num_heads: int, key) -> dict:
+def _fire_init(num_heads: int, key, embed_dim: int = 0) -> dict:
     """FIRE's parameters: an MLP 1 -> 32 -> N initialised as torch's nn.Linear (uniform
     within 1/sqrt(fan_in)), c = 0.1, L_multiplier = 1."""
     k1, k2, k3, k4 = jax.random.split(key, 4)
@@ -92,11 +105,34 @@ def _fire(params, inputs, q_idx, k_idx):
     return jnp.moveaxis(hidden @ params["w2"] + params["b2"], -1, 1)  # [B, N, t, s]
 
 
+def _forget_init(num_heads: int, key, embed_dim: int) -> dict:
+    """FoX's forget gate, a linear map D -> N with a bias, initialised as torch's
+    nn.Linear (uniform within 1/sqrt(D))."""
+    kw, kb = jax.random.split(key)
+    bound = embed_dim**-0.5
+    return {"w": jax.random.uniform(kw, (embed_dim, num_heads), jnp.float32, -bound, bound),
+            "b": jax.random.uniform(kb, (num_heads,), jnp.float32, -bound, bound)}  # fmt: skip
+
+
+def _log_forget(params, x):
+    """log f_t = log sigmoid(x_t . w + b), float32 [B, T, N]."""
+    return jax.nn.log_sigmoid(x.astype(jnp.float32) @ params["w"] + params["b"])
+
+
+def _forget(params, inputs, q_idx, k_idx):
+    c_q, c_k = params["q"][:, q_idx], params["k"][:, k_idx]  # [B, t, N], [B, s, N]
+    return jnp.transpose(c_q[:, :, None, :] - c_k[:, None, :, :], (0, 3, 1, 2))
+
+
 SCHEMES: dict[str, Scheme] = {
     "none": Scheme(None, "no position bias"),
     "alibi": Scheme(_alibi, "-m_n |p_t - p_s|, geometric slopes", constants=alibi_slopes),
     "fire": Scheme(
         _fire, "a learned MLP of the progressively interpolated log distance", init=_fire_init
+    ),
+    "forget": Scheme(
+        _forget, "FoX: the sum of log forget gates between key and query",
+        init=_forget_init, cumulative=_log_forget,
     ),
 }
 
