@@ -33,6 +33,7 @@ ROWS = {  # row -> overrides of the tiny preset
     "fire": {"model.rope.sites": "", "model.attention.bias": "fire"},
     "qk + fire": {"model.attention.bias": "fire"},
     "fox": {"model.rope.sites": "", "model.attention.bias": "forget"},
+    "stick-breaking": {"model.rope.sites": "", "model.attention.stick_breaking": True},
     "xpos": {"model.rope.xpos_scale_base": 512.0},
     "half-trunc + key offset": {"model.rope.pairs.rule": "half_truncated",
                                 "model.rope.key_offset": True},

@@ -13,6 +13,7 @@ Every row is `configs/lm.py` at the same size and data, with:
   fire                no rotation, FIRE's learned bias
   qk_fire             QK-RoPE with FIRE's bias beside it
   fox                 no rotation, the Forgetting Transformer's forget gate (bias "forget")
+  stick_breaking      no rotation, stick-breaking attention weights instead of softmax
   xpos                QK-RoPE with xPos's decay (model.rope.xpos_scale_base = 512, the
                       reference's gamma; docs/maths.md#xpos)
   half_truncated      QK-RoPE turning half its pairs (modded-nanogpt's half-truncated RoPE)
@@ -35,6 +36,7 @@ BIAS_ROWS = {  # row -> (the site row it starts from, model.attention.bias)
 ROTATION_ROWS = {  # row -> (the site row it starts from, its rotation settings)
     "xpos": ("qk", {"model.rope.xpos_scale_base": 512.0}),
     "half_truncated": ("qk", {"model.rope.pairs.rule": "half_truncated"}),
+    "stick_breaking": ("nope", {"model.attention.stick_breaking": True}),
     "half_truncated_ko": ("qk", {"model.rope.pairs.rule": "half_truncated",
                                  "model.rope.key_offset": True}),
 }

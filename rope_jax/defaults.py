@@ -219,6 +219,9 @@ def attention() -> ml_collections.ConfigDict:
     # sinks: one learned logit per query head in every softmax denominator, no value
     # (gpt-oss, DeepSeek-V4); a parameter "sinks" [N] per layer, zeros at init
     attention.sinks = False
+    # stick-breaking attention (Tan et al. 2024): each key takes sigmoid(z) of the stick
+    # the nearer keys left, instead of a softmax share; the xla kernel computes it
+    attention.stick_breaking = False
     # window: W > 0 = the sliding window of the "sliding" layers: query t sees keys
     # t - W < s <= t (HF's sliding_window; Mistral, Gemma 2/3, gpt-oss); must be below
     # data.seq_len (a window of the whole sequence changes nothing); 0 = none

@@ -4,7 +4,9 @@ for tests/biases_test.py), and tests/data/biases/xpos.npz, rotary-embedding-torc
 (`RotaryEmbedding(use_xpos=True).rotate_queries_and_keys`, for tests/xpos_test.py), and
 tests/data/biases/forget.npz, fla-core's naive forgetting attention (FoX,
 `fla/ops/forgetting_attn/naive.py`, its gradients by torch autograd; for
-tests/biases_test.py).
+tests/biases_test.py), and tests/data/biases/stick_breaking.npz, fla-core's naive
+stick-breaking attention (`fla/ops/stickbreaking_attn/naive.py`; for
+tests/stick_breaking_test.py).
 
 Run once in the bench venv (torch + transformers, requirements-bench.txt, and
 `pip install rotary-embedding-torch==0.9.1` and `pip install --no-deps fla-core==0.6.0`):
@@ -64,16 +66,37 @@ def xpos(seed: int = 1, length: int = 40, head_dim: int = 16, gamma: float = 32.
             "gamma": np.float32(gamma)}  # fmt: skip
 
 
-def forget(seed: int = 2) -> dict:
-    """FoX on random q, k, v [B, T, N, H] (2 kv heads for 4 query heads) with the gate
-    log sigmoid(x w + b) of random x [B, T, D]; `grad_*` of sum(out * r) for random r."""
+def _naive(package_dir: str, name: str):
+    """fla-core's naive reference file alone (the package's kernels need triton)."""
     import importlib.util
 
     path = os.path.join(os.path.dirname(importlib.util.find_spec("fla").origin), "ops",
-                        "forgetting_attn", "naive.py")  # fmt: skip
-    spec = importlib.util.spec_from_file_location("fox_naive", path)
-    naive = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(naive)  # the file alone: the package's kernels need triton
+                        package_dir, "naive.py")  # fmt: skip
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def stick_breaking(seed: int = 3) -> dict:
+    """Stick-breaking attention on random q [B, T, 4, H], k, v [B, T, 2, H] (logits
+    scaled up, so sticks run out), and the gradients of sum(out * r) by autograd."""
+    naive = _naive("stickbreaking_attn", "sb_naive")
+    gen = torch.Generator().manual_seed(seed)
+    q = (2 * torch.randn(2, 11, 4, 8, generator=gen)).requires_grad_()
+    k, v = (torch.randn(2, 11, 2, 8, generator=gen, requires_grad=True) for _ in range(2))
+    out, rem = naive.naive_stickbreaking_attn(q, k, v)
+    r = torch.randn(out.shape, generator=gen)
+    (out * r).sum().backward()
+    t_ = lambda a: a.detach().numpy()
+    return {"q": t_(q), "k": t_(k), "v": t_(v), "out": t_(out), "rem": t_(rem), "r": t_(r),
+            "grad_q": t_(q.grad), "grad_k": t_(k.grad), "grad_v": t_(v.grad)}  # fmt: skip
+
+
+def forget(seed: int = 2) -> dict:
+    """FoX on random q, k, v [B, T, N, H] (2 kv heads for 4 query heads) with the gate
+    log sigmoid(x w + b) of random x [B, T, D]; `grad_*` of sum(out * r) for random r."""
+    naive = _naive("forgetting_attn", "fox_naive")
     gen = torch.Generator().manual_seed(seed)
     b, t, n, kv, h, d = 2, 12, 4, 2, 8, 16
     q = torch.randn(b, t, n, h, generator=gen, requires_grad=True)
@@ -94,6 +117,7 @@ def forget(seed: int = 2) -> dict:
 def main() -> None:
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     np.savez(os.path.join(os.path.dirname(OUT), "forget.npz"), **forget())
+    np.savez(os.path.join(os.path.dirname(OUT), "stick_breaking.npz"), **stick_breaking())
     np.savez(os.path.join(os.path.dirname(OUT), "xpos.npz"), **xpos())
     arrays = {f"slopes_{n}": slopes(n) for n in HEADS}
     arrays.update({f"attention_{k}": v for k, v in attention().items()})

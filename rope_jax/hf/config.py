@@ -343,6 +343,8 @@ def check_exportable(model_cfg, *, num_axes: int = 1) -> None:
          "xPos's decay has no HF class"),
         ("model.rope.key_offset", rope.key_offset, not rope.key_offset,
          "the partial key offset has no HF class"),
+        ("model.attention.stick_breaking", m.attention.stick_breaking,
+         not m.attention.stick_breaking, "stick-breaking attention has no HF class"),
         ("model.rope.nope_every", rope.nope_every, not rope.nope_every,
          "NoPE layers have no HF class"),
         ("model.rope.global_every", rope.global_every, not rope.global_every,

@@ -369,6 +369,7 @@ class Attention(nnx.Module):
         bias: str = "none",
         xpos: float = 0.0,
         key_offset: bool = False,
+        stick_breaking: bool = False,
         norm_eps: float = 1e-6,
         dtype=jnp.float32,
         param_dtype=jnp.float32,
@@ -385,10 +386,9 @@ class Attention(nnx.Module):
         if v4_options.kv_norm and kv != "tied":
             raise ValueError(f"kv_norm normalises the tied latent: needs kv='tied', got {kv!r}")
         self.sites = "" if nope else sites  # the sites this layer rotates
-        self.xpos = check_xpos(xpos, sites, kv, num_axes) if self.sites else 0.0
         self.rope = RopeSpec.of(rope)
-        self.key_offset = _key_offset(key_offset, self.rope, head_dim, kv) if self.sites else None
         self.kv, self.impl = kv, kernels.check_impl(impl)
+        self._schemes(xpos, key_offset, stick_breaking, sinks, num_axes, head_dim)
         self.dtype = dtype
         d, n, kh, h = embed_dim, num_heads, num_kv_heads, head_dim
         self.num_heads = n
@@ -423,6 +423,20 @@ class Attention(nnx.Module):
         self.temperature = (  # (a, f) of a NoPE layer's query temperature, else None
             (nope_attn_scale, nope_floor_scale) if nope_attn_scale and not self.sites else None
         )
+
+    def _schemes(self, xpos, key_offset, stick_breaking, sinks, num_axes: int,
+                 head_dim: int) -> None:  # fmt: skip
+        """The position schemes beside the rotation, each checked (one line naming its
+        field): xPos's gamma (0 = off), the partial key offset's stationary numbers
+        (None = off), stick-breaking weights; a NoPE layer takes neither of the first two."""
+        if stick_breaking and sinks:
+            raise ValueError("model.attention.stick_breaking=True leaves a row's unbroken stick "
+                             "unspent already; model.attention.sinks=True has no meaning "
+                             "beside it")  # fmt: skip
+        on = bool(self.sites)
+        self.xpos = check_xpos(xpos, self.sites, self.kv, num_axes) if on else 0.0
+        self.key_offset = _key_offset(key_offset, self.rope, head_dim, self.kv) if on else None
+        self.stick_breaking = bool(stick_breaking)
 
     def _checkpoint_features(self, qkv_bias: bool, qk_norm: bool, shape, norm: dict,
                              param_dtype) -> None:  # fmt: skip
@@ -467,6 +481,7 @@ class Attention(nnx.Module):
             qk_l2_norm=att.qk_l2_norm, nope_attn_scale=cfg.rope.nope_attn_scale,
             nope_floor_scale=cfg.rope.nope_floor_scale, v4_options=v4.Options.of(att),
             bias=att.bias, xpos=cfg.rope.xpos_scale_base, key_offset=cfg.rope.key_offset,
+            stick_breaking=att.stick_breaking,
             norm_eps=cfg.norm_eps, dtype=DTYPES[cfg.dtype], param_dtype=DTYPES[cfg.param_dtype],
             out_scale=out_scale, rngs=rngs,
         )  # fmt: skip
@@ -522,6 +537,7 @@ class Attention(nnx.Module):
             causal=causal, q_segments=segments, kv_segments=segments, mask=mask,
             window=self.window, chunk=self.chunk, sinks=self._sinks(),
             bias=self._bias(positions, positions, *self._sums(x)),
+            stick_breaking=self.stick_breaking,
         )  # fmt: skip
         kw = dict(q_positions=positions, k_positions=positions, rope=self.rotation(),
                   terms=terms, impl=self.impl)  # fmt: skip
@@ -617,9 +633,7 @@ class Attention(nnx.Module):
         q, k, v = self._project(x, positions)
         last, sum_last = cache.get("k_last"), cache.get("sum_last")
         cache = {name: a for name, a in cache.items() if name not in _NOT_SLOTS}
-        if last is not None:  # the first token of all keeps its own stationary numbers
-            starts = jnp.broadcast_to(jnp.arange(k.shape[1]) + index == 0, k.shape[:2])
-            k, last = offset_keys(k, self.key_offset, last, starts), k[:, -1:]
+        k, last = self._offset_step(k, last, index)
         if seq_len is None:  # S: the length dynamic / longrope read
             seq_len = next(iter(cache.values())).shape[1]
         rope = self.rotation()
@@ -636,7 +650,8 @@ class Attention(nnx.Module):
         sums = self._sums(x, sum_last)
         if sums:
             new["sum"], sum_last = sums[0], sums[0][:, -1:]
-        terms = kernels.Terms(causal=True, sinks=self._sinks())
+        terms = kernels.Terms(causal=True, sinks=self._sinks(),
+                              stick_breaking=self.stick_breaking)  # fmt: skip
         ring = self.window is not None or self.chunk is not None
         if not ring:  # new token t sees the filled slots and itself
             at = (0, index, 0, 0)
@@ -676,6 +691,14 @@ class Attention(nnx.Module):
         if sum_last is not None:
             cache["sum_last"] = sum_last
         return self._out(o), cache
+
+    def _offset_step(self, k, last, index):
+        """(keys with the partial key offset, the last raw key) of a decode step; k and
+        `last` as they are without the offset. The first token of all keeps its own."""
+        if last is None:
+            return k, None
+        starts = jnp.broadcast_to(jnp.arange(k.shape[1]) + index == 0, k.shape[:2])
+        return offset_keys(k, self.key_offset, last, starts), k[:, -1:]
 
     def _ring_segments(self, batch: int, new: int, slots: int, index):
         """(q ids [B, T], kv ids [B, C + T]) of a ring step: the filled slots (a sliding

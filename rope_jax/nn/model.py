@@ -129,6 +129,9 @@ def _check_bias(cfg, num_axes: int) -> None:
     scheme = biases.check(cfg.attention.bias, field="model.attention.bias")
     if scheme.fn is not None:
         kernels.choose(cfg.attention.impl, {"causal", "bias"}, field="model.attention.impl")
+    if cfg.attention.stick_breaking:  # a kernel that computes it, or its fallback
+        kernels.choose(cfg.attention.impl, {"causal", "stick_breaking"},
+                       field="model.attention.impl")  # fmt: skip
     if scheme.fn is not None and num_axes != 1:
         _fail("attention.bias", cfg.attention.bias, f"reads 1-D text positions; the data has "
               f"{num_axes} position axes")  # fmt: skip

@@ -75,9 +75,10 @@ KERNELS: dict[str, Kernel] = {
     "xla": Kernel(lambda q, k, v, terms, *, scale, block_size: _softmax_mix(
         q, k, v, terms, scale=scale), _ALL),
     "dot_product": Kernel(lambda q, k, v, terms, *, scale, block_size: _mix_dot_product(
-        q, k, v, terms, scale=scale), _ALL - {"sinks"}, instead={"sinks": "xla"}),
-    "chunked": Kernel(_mix_chunked, _ALL),
-    "splash": Kernel(_mix_splash, _ALL - {"bias"}, backend="tpu"),
+        q, k, v, terms, scale=scale), _ALL - {"sinks", "stick_breaking"},
+        instead={"sinks": "xla", "stick_breaking": "xla"}),
+    "chunked": Kernel(_mix_chunked, _ALL - {"stick_breaking"}),
+    "splash": Kernel(_mix_splash, _ALL - {"bias", "stick_breaking"}, backend="tpu"),
 }  # fmt: skip
 IMPLS = tuple(KERNELS)
 

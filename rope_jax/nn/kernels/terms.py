@@ -71,6 +71,10 @@ class Terms:
     chunk       C with causal: also s // C == (t + q_offset) // C (Llama 4's chunks).
     sinks       float [N]: one logit per query head in every denominator, no value.
     bias        a `Bias` added to the scaled logits.
+    stick_breaking  weights by stick-breaking instead of softmax (Tan et al. 2024): key s
+                gets sigmoid(z_ts) prod_{s < l < t'} (1 - sigmoid(z_tl)), t' = t +
+                q_offset, over the allowed keys before the query's own slot (the
+                nearest breaks the stick first; a row's weights sum to at most 1).
     """
 
     causal: bool = False
@@ -82,6 +86,7 @@ class Terms:
     chunk: int | None = None
     sinks: Any = None
     bias: Bias | None = None
+    stick_breaking: bool = False
 
     @classmethod
     def of(cls, terms: Terms | None = None, **fields) -> Terms:
@@ -105,6 +110,7 @@ class Terms:
             "chunk": self.chunk is not None,
             "sinks": self.sinks is not None,
             "bias": self.bias is not None,
+            "stick_breaking": bool(self.stick_breaking),
         }
         return frozenset(name for name, on in used.items() if on)
 
@@ -128,4 +134,5 @@ class Terms:
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Terms))
-TERM_NAMES = ("causal", "segments", "mask", "window", "chunk", "sinks", "bias")
+TERM_NAMES = ("causal", "segments", "mask", "window", "chunk", "sinks", "bias",
+              "stick_breaking")

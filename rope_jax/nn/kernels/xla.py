@@ -29,6 +29,8 @@ def _softmax_mix(q, k, v, terms: Terms, *, scale: float) -> jax.Array:
         bias = terms.bias.at(jnp.arange(t, dtype=jnp.int32), jnp.arange(s, dtype=jnp.int32))
         logits = logits + _group_mask(bias, kh)
     keep = _mask(terms, t, s, kh)
+    if terms.stick_breaking:
+        return _stick_breaking_mix(logits, keep, v, terms, (b, t, n, h))
     if keep is not None:
         logits = jnp.where(keep, logits, jnp.finfo(jnp.float32).min)
     if terms.sinks is None:
@@ -42,6 +44,24 @@ def _softmax_mix(q, k, v, terms: Terms, *, scale: float) -> jax.Array:
     if keep is not None:
         has_key = keep.any(-1).transpose(0, 2, 1, 3)  # [B|1, T, K|1, G|1]: small, not T x S
         o = jnp.where(has_key[..., None], o, 0.0)
+    return o.reshape(b, t, n, h)
+
+
+def _stick_breaking_mix(z, keep, v, terms: Terms, shape) -> jax.Array:
+    """Stick-breaking weights of the scaled logits z [B, K, T, G, S] in log space:
+    log w_ts = log sigmoid(z_ts) + sum_{s < l} log sigmoid(-z_tl) over the allowed keys
+    before the query's own slot (fla-core's naive reference, attend_current=False)."""
+    b, t, n, h = shape
+    s, kh = z.shape[-1], v.shape[2]
+    own = terms.q_offset if terms.q_offset is not None else s - t
+    rows = jnp.arange(t)[:, None] + own  # the query's own slot
+    before = (jnp.arange(s)[None, :] < rows)[None, None, :, None, :]  # [1, 1, T, 1, S]
+    allowed = before if keep is None else before & keep
+    log_rest = jnp.where(allowed, jax.nn.log_sigmoid(-z), 0.0)
+    later = jnp.flip(jnp.cumsum(jnp.flip(log_rest, -1), -1), -1) - log_rest  # sum over l > s
+    weights = jnp.where(allowed, jnp.exp(jax.nn.log_sigmoid(z) + later), 0.0)
+    o = jnp.einsum("BKTGS,BSKH->BTKGH", weights.astype(v.dtype), v,
+                   preferred_element_type=jnp.float32)  # fmt: skip
     return o.reshape(b, t, n, h)
 
 
