@@ -59,6 +59,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from rope_jax import rotary, sharding
@@ -234,7 +235,7 @@ def offset_keys(k, still, prev=None, starts=None):
     before = k[:, :1] if prev is None else prev.astype(k.dtype)
     shifted = jnp.concatenate([before, k[:, :-1]], axis=1)
     keep = jnp.zeros(k.shape[:2], bool) if starts is None else starts
-    still = jnp.asarray(still)
+    still = np.asarray(still, bool)
     take = still[None, None] if still.ndim == 2 else still[None, None, None]
     return jnp.where(take & ~keep[:, :, None, None], shifted, k)
 
@@ -435,7 +436,9 @@ class Attention(nnx.Module):
                              "beside it")  # fmt: skip
         on = bool(self.sites)
         self.xpos = check_xpos(xpos, self.sites, self.kv, num_axes) if on else 0.0
-        self.key_offset = _key_offset(key_offset, self.rope, head_dim, self.kv) if on else None
+        still = _key_offset(key_offset, self.rope, head_dim, self.kv) if on else None
+        # a nested tuple, not an array: static, so the layer's state holds only parameters
+        self.key_offset = None if still is None else _nested(still.tolist())
         self.stick_breaking = bool(stick_breaking)
 
     def _checkpoint_features(self, qkv_bias: bool, qk_norm: bool, shape, norm: dict,
@@ -706,6 +709,10 @@ class Attention(nnx.Module):
         if self.chunk is not None:
             return sliding.chunk_segments(batch, slots, new, index, self.chunk)
         return sliding.ring_segments(batch, slots, new, index)
+
+
+def _nested(value):
+    return tuple(_nested(v) for v in value) if isinstance(value, list) else value
 
 
 # cache entries that are not one value per slot (the ring and slot updates skip them)
