@@ -210,8 +210,9 @@ def page(meta: dict, scores: dict, cells: dict, needles: dict, masks: dict) -> s
         "## Loss and retrieval under each variant", "",
         f"Loss: mean next-token loss (nats) of the first {meta['length']:,} tokens of the "
         f"held-out plays ({meta['tokens']:,} tokens in all), one pass, per {size:,} "
-        f"positions (columns). Needle: {NEEDLE} with {meta['examples']} examples a length, "
-        "the rate with its 95% Wilson interval.", "",
+        f"positions (columns)." + (f" Needle: {NEEDLE} with {meta['examples']} examples a "
+        "length, the rate with its 95% Wilson interval." if lengths else " No needle was "
+        "scored (--needle_lengths empty)."), "",
     ]  # fmt: skip
     heads = [f"loss {i * size // 1024}k-{(i + 1) * size // 1024}k" for i in range(len(full))]
     lines += ["| variant | pairs turning | loss (all) | Δ vs full | " + " | ".join(heads)
@@ -223,9 +224,9 @@ def page(meta: dict, scores: dict, cells: dict, needles: dict, masks: dict) -> s
                           needle[str(n)]["examples"]) if str(n) in needle else "not run"
                 for n in lengths]  # fmt: skip
         delta = cell["mean"] - cells["full"]["mean"]
+        cells_of_row = [f"{v:.3f}" for v in cell["buckets"]] + hits
         lines.append(f"| {name} | {masks[name]:.0%} | {cell['mean']:.3f} | {delta:+.3f} | "
-                     + " | ".join(f"{v:.3f}" for v in cell["buckets"]) + " | "
-                     + " | ".join(hits) + " |")  # fmt: skip
+                     + " | ".join(cells_of_row) + " |")  # fmt: skip
     lines += ["", "p-RoPE at p turns the first floor(p P) pairs: p = r / P is the mask of "
               "high at r (the same numbers)."]  # fmt: skip
     return "\n".join(lines) + "\n"
