@@ -35,8 +35,10 @@ ROWS = {  # row -> overrides of the tiny preset
     "fox": {"model.rope.sites": "", "model.attention.bias": "forget"},
     "stick-breaking": {"model.rope.sites": "", "model.attention.stick_breaking": True},
     "xpos": {"model.rope.xpos_scale_base": 512.0},
-    "half-trunc + key offset": {"model.rope.pairs.rule": "half_truncated",
-                                "model.rope.key_offset": True},
+    "half-trunc + key offset": {
+        "model.rope.pairs.rule": "half_truncated",
+        "model.rope.key_offset": True,
+    },
 }
 
 

@@ -37,8 +37,10 @@ ROTATION_ROWS = {  # row -> (the site row it starts from, its rotation settings)
     "xpos": ("qk", {"model.rope.xpos_scale_base": 512.0}),
     "half_truncated": ("qk", {"model.rope.pairs.rule": "half_truncated"}),
     "stick_breaking": ("nope", {"model.attention.stick_breaking": True}),
-    "half_truncated_ko": ("qk", {"model.rope.pairs.rule": "half_truncated",
-                                 "model.rope.key_offset": True}),
+    "half_truncated_ko": (
+        "qk",
+        {"model.rope.pairs.rule": "half_truncated", "model.rope.key_offset": True},
+    ),
 }
 ROWS = (*SITE_ROWS, *BIAS_ROWS, *ROTATION_ROWS)
 

@@ -182,10 +182,12 @@ def test_forget_gates_equal_fla_naive_forgetting_attention_forward_and_backward(
         bias = kernels.Bias(scheme.fn, {"q": sums, "k": sums}, ())
         return kernels.mix(q, k, ref["v"], impl=impl, causal=True, bias=bias, block_size=4)
 
-    loss = lambda *a, impl: jnp.sum(out(*a, impl) * ref["r"])
+    def loss(q, k, w, b, impl):
+        return jnp.sum(out(q, k, w, b, impl) * ref["r"])
+
     for impl in ("xla", "dot_product", "chunked"):
         args = (ref["q"], ref["k"], ref["w"], ref["b"])
         np.testing.assert_allclose(np.asarray(out(*args, impl)), ref["out"], atol=2e-5)
-        grads = jax.grad(lambda *a: loss(*a, impl=impl), argnums=(0, 1, 2, 3))(*args)
+        grads = jax.grad(loss, argnums=(0, 1, 2, 3))(*args, impl)
         for got, name in zip(grads, ("grad_q", "grad_k", "grad_w", "grad_b"), strict=True):
             np.testing.assert_allclose(np.asarray(got), ref[name], atol=1e-4, rtol=1e-4)

@@ -10,14 +10,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import lm
 from rope_jax.experiments import frequency_surgery as fs
 from rope_jax.experiments import report
-from rope_jax.hf import run as hf_run
 from rope_jax.nn import model as model_lib
 from rope_jax.nn import probe
-from tests.hf_test import fixture
 from tests.model_test import tiny_cfg, tokens
+from tests.position_loss_test import imported  # noqa: F401 (a fixture: an imported HF model)
 
 
 def test_the_four_choices_keep_the_pairs_mha2mla_keeps():
@@ -29,8 +27,11 @@ def test_the_four_choices_keep_the_pairs_mha2mla_keeps():
     assert got == {"rule": "heads", "index": (((0, 2), (1, 2)), ((2, 3), (0, 1)))}
     mask = fs.turning(got, 8, 2, 2)
     assert mask.shape == (2, 2, 4) and mask.sum() == 8 and mask[0, 1, 1] and not mask[0, 1, 0]
-    for bad, said in [(("uniform", 3, 8), "uniform needs r dividing P=8"),
-                      (("high", 9, 8), "must be in 1..8"), (("mid", 2, 8), "is not one of")]:
+    for bad, said in [
+        (("uniform", 3, 8), "uniform needs r dividing P=8"),
+        (("high", 9, 8), "must be in 1..8"),
+        (("mid", 2, 8), "is not one of"),
+    ]:
         with pytest.raises(ValueError, match=said):
             fs.strategy_pairs(*bad, scores)  # fmt: skip
 
@@ -63,18 +64,8 @@ def test_wilson_intervals_hold_the_rate_and_stay_inside_zero_one():
         report.wilson(0, 0)
 
 
-@pytest.fixture(scope="module")
-def imported(tmp_path_factory, data_dir):
-    workdir = str(tmp_path_factory.mktemp("fs") / "m")
-    config = lm.get_config()
-    config.data.data_dir = data_dir
-    config.data.seq_len = 32
-    hf_run.import_run(fixture("llama"), workdir, config)
-    return workdir
-
-
 @pytest.mark.slow
-def test_the_study_scores_every_variant_and_resumes(imported, tmp_path, capsys):
+def test_the_study_scores_every_variant_and_resumes(imported, tmp_path, capsys):  # noqa: F811
     out = str(tmp_path / "fs")
     args = [f"--workdir={imported}", f"--out={out}", "--keep=2,8", "--strategies=high,2norm",
             "--p=0.25", "--length=512", "--bucket=256", "--calibration=256",

@@ -39,8 +39,13 @@ def _cfg(**extra):
 
 
 def test_a_key_offset_model_decodes_as_it_runs_whole_and_differs_without_it():
-    from tests.generate_test import CHUNKS, assert_cached_equals_full, full_and_cached
-    from tests.generate_test import text_pos, tokens
+    from tests.generate_test import (
+        CHUNKS,
+        assert_cached_equals_full,
+        full_and_cached,
+        text_pos,
+        tokens,
+    )
 
     model = model_lib.Decoder(_cfg(), rngs=nnx.Rngs(0))
     tok = tokens(1, 13)

@@ -216,8 +216,14 @@ def test_a_per_head_selection_decodes_as_it_runs_whole():
     from flax import nnx
 
     from rope_jax.nn import model as model_lib
-    from tests.generate_test import CHUNKS, assert_cached_equals_full, cfg, full_and_cached
-    from tests.generate_test import text_pos, tokens
+    from tests.generate_test import (
+        CHUNKS,
+        assert_cached_equals_full,
+        cfg,
+        full_and_cached,
+        text_pos,
+        tokens,
+    )
 
     layers = (((0, 3), (1,)), ((2,), (0, 1, 2, 3)))
     model = model_lib.Decoder(cfg(**{"rope.pairs": {"rule": "heads", "index": layers}}),

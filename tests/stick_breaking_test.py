@@ -20,12 +20,15 @@ FIXTURE = os.path.join(os.path.dirname(__file__), "data", "biases", "stick_break
 
 def test_stick_breaking_equals_fla_naive_forward_and_backward():
     ref = {k: jnp.asarray(v) for k, v in np.load(FIXTURE).items()}
+
+    def loss(q, k, v, impl):
+        out = kernels.mix(q, k, v, impl=impl, causal=True, stick_breaking=True)
+        return jnp.sum(out * ref["r"]), out
+
     for impl in ("xla", "dot_product"):  # dot_product hands the term to xla
-        out = lambda q, k, v: kernels.mix(q, k, v, impl=impl, causal=True, stick_breaking=True)
-        got = out(ref["q"], ref["k"], ref["v"])
+        args = (ref["q"], ref["k"], ref["v"])
+        grads, got = jax.grad(loss, argnums=(0, 1, 2), has_aux=True)(*args, impl)
         np.testing.assert_allclose(np.asarray(got), ref["out"], atol=2e-5)
-        grads = jax.grad(lambda *a: jnp.sum(out(*a) * ref["r"]), argnums=(0, 1, 2))(
-            ref["q"], ref["k"], ref["v"])
         for g, name in zip(grads, ("grad_q", "grad_k", "grad_v"), strict=True):
             np.testing.assert_allclose(np.asarray(g), ref[name], atol=1e-4, rtol=1e-4)
     assert float(ref["rem"].max()) > 0.05  # some stick is left over: weights are not softmax's
@@ -46,8 +49,14 @@ def test_the_nearest_key_breaks_the_stick_first():
 
 @pytest.mark.parametrize("layers", [{}, {"attention.window": 4}])
 def test_a_stick_breaking_model_decodes_as_it_runs_whole(layers):
-    from tests.generate_test import CHUNKS, assert_cached_equals_full, cfg, full_and_cached
-    from tests.generate_test import text_pos, tokens
+    from tests.generate_test import (
+        CHUNKS,
+        assert_cached_equals_full,
+        cfg,
+        full_and_cached,
+        text_pos,
+        tokens,
+    )
 
     config = cfg(sites="", **{"attention.stick_breaking": True}, **layers)
     model = model_lib.Decoder(config, rngs=nnx.Rngs(0))

@@ -553,18 +553,21 @@ def test_a_task_of_eval_tasks_gets_its_score_per_length_in_the_table(tmp_path):
                 "tasks": {"passkey": dict(zip(["32", "64"], keys, strict=True))},
                 "examples": {"passkey": 40}}  # fmt: skip
 
-    rows = {"qk": [run(0, 1.8, [0.2, 0.0]), run(1, 1.9, [0.4, 0.1])],  # 0.30 ± 0.14 at T
-            "vo": [run(0, 2.0, [0.9, 0.5]), run(1, 2.1, [1.0, 0.3])],  # 0.95 ± 0.07
-            "k": [run(0, 2.2, [0.95, 0.0]), run(1, 2.3, [0.35, 0.0])],  # 0.65 ± 0.42
-            "q": [run(0, 2.4, [0.92, 0.0]), run(1, 2.5, [0.98, 0.0])]}  # 0.95 ± 0.04 fmt: skip
+    rows = {
+        "qk": [run(0, 1.8, [0.2, 0.0]), run(1, 1.9, [0.4, 0.1])],  # 0.30 ± 0.14 at T
+        "vo": [run(0, 2.0, [0.9, 0.5]), run(1, 2.1, [1.0, 0.3])],  # 0.95 ± 0.07
+        "k": [run(0, 2.2, [0.95, 0.0]), run(1, 2.3, [0.35, 0.0])],  # 0.65 ± 0.42
+        "q": [run(0, 2.4, [0.92, 0.0]), run(1, 2.5, [0.98, 0.0])],
+    }  # 0.95 ± 0.04 fmt: skip
     report = {"config": "c.py", "title": "", "command": "x", "date": "d", "jax": "0",
               "device": "cpu", "settings": {}, "seeds": [0, 1], "seq_lens": ["32", "64"],
               "eval_split": "validation", "article_loss": None,
               "rows": {n: {"overrides": {"model.rope.sites": n}, "runs": r}
                        for n, r in rows.items()}}  # fmt: skip
     md = report_lib.render_markdown(report)
-    assert ("| row | passkey @32 (1T) | passkey @64 (2T) | seeds @T (n = 40) | "
-            "learned (>= 0.9 @T) |") in md
+    assert (
+        "| row | passkey @32 (1T) | passkey @64 (2T) | seeds @T (n = 40) | learned (>= 0.9 @T) |"
+    ) in md
     assert "| qk | 0.30 ± 0.14 | 0.05 ± 0.07 | 0.20, 0.40 | not learned |" in md
     assert md.index("| qk | 0.30") < md.index("| vo | 0.95 ± 0.07 | 0.40 ± 0.14 | 0.90, 1.00 |")
     assert "| k | 0.65 ± 0.42 | 0.00 ± 0.00 | 0.95, 0.35 | 1 of 2 |" in md

@@ -38,8 +38,11 @@ def test_rotation_and_decay_equal_rotary_embedding_torch():
     dk = attention.decay(r(jnp.zeros_like(k).at[..., :2].set(k[..., :2])), pos, gamma, t,
                          "interleaved", key=True)  # fmt: skip
     want = plain(r(one)[:, -1], r(jnp.zeros_like(k).at[..., :2].set(k[..., :2]))[:, 0])
-    np.testing.assert_allclose(np.asarray(plain(dq[:, -1], dk[:, 0])),
-                               np.asarray(want) * (0.4 / 1.4) ** ((t - 1) / gamma), rtol=1e-4)
+    np.testing.assert_allclose(
+        np.asarray(plain(dq[:, -1], dk[:, 0])),
+        np.asarray(want) * (0.4 / 1.4) ** ((t - 1) / gamma),
+        rtol=1e-4,
+    )
 
 
 def test_xpos_attention_is_relative():
@@ -54,8 +57,14 @@ def test_xpos_attention_is_relative():
 
 
 def test_an_xpos_model_decodes_as_it_runs_whole():
-    from tests.generate_test import CHUNKS, assert_cached_equals_full, cfg, full_and_cached
-    from tests.generate_test import text_pos, tokens
+    from tests.generate_test import (
+        CHUNKS,
+        assert_cached_equals_full,
+        cfg,
+        full_and_cached,
+        text_pos,
+        tokens,
+    )
 
     model = model_lib.Decoder(cfg(**{"rope.xpos_scale_base": 8.0}), rngs=nnx.Rngs(0))
     assert all(block.attn.xpos == 8.0 for block in model.blocks)

@@ -36,6 +36,7 @@ floor(p P) pairs turn (the same mask as high at r = p P, said so on the page), a
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -65,8 +66,12 @@ def strategy_pairs(strategy: str, keep: int, pairs: int, scores=None):
         return {"rule": "index", "index": tuple(range(0, pairs, pairs // keep))}
     if strategy == "2norm":
         top = np.argsort(-np.asarray(scores), axis=-1, kind="stable")[..., :keep]
-        return {"rule": "heads", "index": tuple(tuple(tuple(sorted(int(i) for i in head))
-                                                      for head in layer) for layer in top)}
+        return {
+            "rule": "heads",
+            "index": tuple(
+                tuple(tuple(sorted(int(i) for i in head)) for head in layer) for layer in top
+            ),
+        }
     raise ValueError(f"--strategies: {strategy!r} is not one of {', '.join(STRATEGIES)}")
 
 
@@ -276,8 +281,9 @@ def main(argv=None) -> None:
     p.add_argument("--calibration", type=int, default=2048)
     p.add_argument("--needle_lengths", default="2048,8192")
     p.add_argument("--examples", type=int, default=20)
-    p.add_argument("--needle_variants", default="",
-                   help="the variants whose needle is scored (default: all)")
+    p.add_argument(
+        "--needle_variants", default="", help="the variants whose needle is scored (default: all)"
+    )
     p.add_argument("--step", type=int, default=None)
     args = p.parse_args(argv)
     try:
@@ -287,18 +293,18 @@ def main(argv=None) -> None:
     strategies, keeps, ps, lengths, needled = asked
     os.makedirs(os.path.join(args.out, "cells"), exist_ok=True)
     try:
-        scores = _cached(os.path.join(args.out, "scores.json"),
-                         {"calibration": args.calibration},
-                         lambda: pair_scores(args.workdir, calib[None], step=args.step))  # fmt: skip
+        make = lambda: pair_scores(args.workdir, calib[None], step=args.step)
+        scores = _cached(os.path.join(args.out, "scores.json"), {"calibration": args.calibration},
+                         make)  # fmt: skip
         todo = variants(strategies, keeps, ps, m.head_dim // 2, np.asarray(scores["scores"]))
         cells, needles, masks = {}, {}, {}
         for name, fields in todo.items():
             masks[name] = float(turning(fields, m.head_dim, m.num_layers, m.num_kv_heads).mean())
             start = time.time()
-            cells[name] = _cached(os.path.join(args.out, "cells", name + ".json"),
-                                  {"length": args.length, "bucket": args.bucket, "pairs": fields},
-                                  lambda: loss_cell(args.workdir, fields, batch, args.bucket,
-                                                    step=args.step))  # fmt: skip
+            make = functools.partial(loss_cell, args.workdir, fields, batch, args.bucket,
+                                     step=args.step)  # fmt: skip
+            want = {"length": args.length, "bucket": args.bucket, "pairs": fields}
+            cells[name] = _cached(os.path.join(args.out, "cells", name + ".json"), want, make)
             print(f"{name}: loss {cells[name]['mean']:.3f} ({time.time() - start:.0f} s)",
                   flush=True)  # fmt: skip
         for name in needled or todo:
@@ -315,9 +321,9 @@ def main(argv=None) -> None:
 
 
 def _inputs(args, argv):
-    """((strategies, keeps, ps, needle lengths, needle variants), the page's facts, the held-out window
-    [1, length], the calibration tokens, config.model), checked: ValueError naming the
-    flag before anything is built."""
+    """((strategies, keeps, ps, needle lengths, needle variants), the page's facts, the
+    held-out window [1, length], the calibration tokens, config.model), checked:
+    ValueError naming the flag before anything is built."""
     strategies = parse_list(args.strategies, str, "--strategies")
     for s in strategies:
         strategy_pairs(s, 1, 1, np.zeros((1, 1, 1)))  # a name that is not one: now

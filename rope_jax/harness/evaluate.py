@@ -235,8 +235,9 @@ def with_pairs(config, pairs=None):
     with config.model.rope.ignore_type():
         config.model.rope.pairs = defaults.fill_model({"rope": {"pairs": spec.config()}}).rope.pairs
     config = checks.resolve(config)
-    model_lib.layer_rotations(config.model, data.kind(config.data).num_axes,
-                              train_seq_len=config.data.seq_len)  # fits the heads and layers
+    model_lib.layer_rotations(
+        config.model, data.kind(config.data).num_axes, train_seq_len=config.data.seq_len
+    )  # fits the heads and layers
     return config
 
 

@@ -131,8 +131,10 @@ SCHEMES: dict[str, Scheme] = {
         _fire, "a learned MLP of the progressively interpolated log distance", init=_fire_init
     ),
     "forget": Scheme(
-        _forget, "FoX: the sum of log forget gates between key and query",
-        init=_forget_init, cumulative=_log_forget,
+        _forget,
+        "FoX: the sum of log forget gates between key and query",
+        init=_forget_init,
+        cumulative=_log_forget,
     ),
 }
 

@@ -134,5 +134,4 @@ class Terms:
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Terms))
-TERM_NAMES = ("causal", "segments", "mask", "window", "chunk", "sinks", "bias",
-              "stick_breaking")
+TERM_NAMES = ("causal", "segments", "mask", "window", "chunk", "sinks", "bias", "stick_breaking")

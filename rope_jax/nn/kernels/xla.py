@@ -52,7 +52,7 @@ def _stick_breaking_mix(z, keep, v, terms: Terms, shape) -> jax.Array:
     log w_ts = log sigmoid(z_ts) + sum_{s < l} log sigmoid(-z_tl) over the allowed keys
     before the query's own slot (fla-core's naive reference, attend_current=False)."""
     b, t, n, h = shape
-    s, kh = z.shape[-1], v.shape[2]
+    s = z.shape[-1]
     own = terms.q_offset if terms.q_offset is not None else s - t
     rows = jnp.arange(t)[:, None] + own  # the query's own slot
     before = (jnp.arange(s)[None, :] < rows)[None, None, :, None, :]  # [1, 1, T, 1, S]
