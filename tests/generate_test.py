@@ -81,6 +81,12 @@ def assert_cached_equals_full(full, cached, index):
 CHUNKS = (6, 1, 1, 3, 1, 1)
 
 
+def assert_decodes_as_it_runs_whole(model, t: int = 13) -> None:
+    """`model` fed through its cache in CHUNKS gives the logits of one full pass."""
+    tok = tokens(1, t)
+    assert_cached_equals_full(*full_and_cached(model, tok, text_pos(t), CHUNKS))
+
+
 def text_pos(t, num_axes=1):
     return jnp.broadcast_to(jnp.arange(t, dtype=jnp.float32)[None, :, None], (B, t, num_axes))
 

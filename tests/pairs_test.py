@@ -216,17 +216,9 @@ def test_a_per_head_selection_decodes_as_it_runs_whole():
     from flax import nnx
 
     from rope_jax.nn import model as model_lib
-    from tests.generate_test import (
-        CHUNKS,
-        assert_cached_equals_full,
-        cfg,
-        full_and_cached,
-        text_pos,
-        tokens,
-    )
+    from tests.generate_test import assert_decodes_as_it_runs_whole, cfg
 
     layers = (((0, 3), (1,)), ((2,), (0, 1, 2, 3)))
     model = model_lib.Decoder(cfg(**{"rope.pairs": {"rule": "heads", "index": layers}}),
                               rngs=nnx.Rngs(0))  # fmt: skip
-    tok = tokens(1, 13)
-    assert_cached_equals_full(*full_and_cached(model, tok, text_pos(13), CHUNKS))
+    assert_decodes_as_it_runs_whole(model)
