@@ -536,10 +536,11 @@ class Attention(nnx.Module):
         q, k, v = self._project(x, positions)
         if self.key_offset is not None:
             k = offset_keys(k, self.key_offset, starts=_document_starts(segments))
+        sums = self._sums(x)  # a data-dependent bias's, for its queries and keys alike
         terms = kernels.Terms(
             causal=causal, q_segments=segments, kv_segments=segments, mask=mask,
             window=self.window, chunk=self.chunk, sinks=self._sinks(),
-            bias=self._bias(positions, positions, *self._sums(x)),
+            bias=self._bias(positions, positions, sums, sums),
             stick_breaking=self.stick_breaking,
         )  # fmt: skip
         kw = dict(q_positions=positions, k_positions=positions, rope=self.rotation(),
@@ -556,16 +557,19 @@ class Attention(nnx.Module):
     def _bias_params(self) -> dict:
         return {name: getattr(self, f"bias_{name}")[...] for name in self._bias_names}
 
-    def _sums(self, x, last=None) -> tuple:
-        """(running sums [B, T, N],) of a data-dependent bias's increments of x [B, T, D],
-        from `last` [B, 1, N] (a decoding cache's; None: from 0), twice (queries and keys
-        of a forward pass); () for a bias of positions alone."""
-        scheme = None if self.bias is None else biases.SCHEMES[self.bias]
-        if scheme is None or scheme.cumulative is None:
-            return ()
-        sums = jnp.cumsum(scheme.cumulative(self._bias_params(), x), axis=1)
-        sums = sums if last is None else sums + last
-        return sums, sums
+    @property
+    def _cumulative(self):
+        """A data-dependent bias's increments (`biases.Scheme.cumulative`), or None."""
+        return None if self.bias is None else biases.SCHEMES[self.bias].cumulative
+
+    def _sums(self, x, last=None):
+        """Running sums [B, T, N] of a data-dependent bias's increments of x [B, T, D], from
+        `last` [B, 1, N] (a decoding cache's; None: from 0); None for a bias of positions
+        alone."""
+        if self._cumulative is None:
+            return None
+        sums = jnp.cumsum(self._cumulative(self._bias_params(), x), axis=1)
+        return sums if last is None else sums + last
 
     def _bias(self, q_positions, k_positions, q_sums=None, k_sums=None):
         """The layer's position bias (`nn.biases`) between queries at q_positions [B, T, A]
@@ -610,7 +614,7 @@ class Attention(nnx.Module):
             cache["pos"] = jnp.zeros(shape[:2], jnp.float32)
         if self.key_offset is not None:  # the last key before its offset, for the next
             cache["k_last"] = jnp.zeros((batch_size, 1, *proj.shape[1:]), self.dtype)
-        if self.bias is not None and biases.SCHEMES[self.bias].cumulative is not None:
+        if self._cumulative is not None:
             cache["sum"] = jnp.zeros((*shape[:2], self.num_heads), jnp.float32)  # per slot
             cache["sum_last"] = jnp.zeros((batch_size, 1, self.num_heads), jnp.float32)
         return cache
@@ -651,8 +655,8 @@ class Attention(nnx.Module):
         if self.bias is not None:
             new["pos"] = _text_positions(positions)
         sums = self._sums(x, sum_last)
-        if sums:
-            new["sum"], sum_last = sums[0], sums[0][:, -1:]
+        if sums is not None:
+            new["sum"], sum_last = sums, sums[:, -1:]
         terms = kernels.Terms(causal=True, sinks=self._sinks(),
                               stick_breaking=self.stick_breaking)  # fmt: skip
         ring = self.window is not None or self.chunk is not None
@@ -671,7 +675,7 @@ class Attention(nnx.Module):
         keys = cache["c"] if self.kv == "tied" else cache["k"]
         values = cache["c"] if self.kv == "tied" else cache["v"]
         if self.bias is not None:
-            extra = (sums[0], cache["sum"]) if sums else ()
+            extra = () if sums is None else (sums, cache["sum"])
             terms = kernels.Terms.of(terms, bias=self._bias(positions, cache["pos"], *extra))
         o = attend(
             q,
